@@ -1,0 +1,166 @@
+"""The job IR every stage of pipesplit speaks.
+
+A job is ``(kind, chunk, micro_batch)``; its Paddle job type is ``f"{kind}{chunk}"``
+(``optimizer`` has no chunk).  The short form ``{stage}{op}{mb}`` (PyTorch's pipelining CSV)
+names a job by its *global* virtual stage, so it needs the placement to translate.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from .placement import Placement
+
+FORWARD = "forward"
+BACKWARD = "backward"
+BACKWARD_B = "backward_b"
+BACKWARD_W = "backward_w"
+SEND_FORWARD = "send_forward"
+RECV_FORWARD = "recv_forward"
+SEND_BACKWARD = "send_backward"
+RECV_BACKWARD = "recv_backward"
+OPTIMIZER = "optimizer"
+
+KINDS = (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W, SEND_FORWARD, RECV_FORWARD,
+         SEND_BACKWARD, RECV_BACKWARD, OPTIMIZER)
+COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W)
+COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
+
+# Short-form op codes (PyTorch: F, B, I, W and SEND_F / RECV_F / SEND_B / RECV_B).
+OP_OF_KIND = {
+    FORWARD: "F", BACKWARD: "B", BACKWARD_B: "I", BACKWARD_W: "W",
+    SEND_FORWARD: "SEND_F", RECV_FORWARD: "RECV_F",
+    SEND_BACKWARD: "SEND_B", RECV_BACKWARD: "RECV_B",
+}
+KIND_OF_OP = {op: kind for kind, op in OP_OF_KIND.items()}
+OPTIMIZER_ACTION = "OPT"
+
+_ACTION_RE = re.compile(r"^(\d+)(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B)(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class Job:
+    """One unit of work on one rank: ``kind`` of ``chunk`` for ``micro_batch``."""
+
+    kind: str
+    chunk: Optional[int] = None
+    micro_batch: Optional[int] = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == OPTIMIZER:
+            if self.chunk is not None or self.micro_batch is not None:
+                raise ValueError("an optimizer job has neither chunk nor micro_batch")
+            return
+        for name in ("chunk", "micro_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 for a {self.kind} job, got {value!r}")
+
+    @property
+    def type(self) -> str:
+        """Paddle's job-type string, e.g. ``forward0``, ``backward_b1``, ``optimizer``."""
+        return OPTIMIZER if self.kind == OPTIMIZER else f"{self.kind}{self.chunk}"
+
+    @property
+    def op(self) -> str:
+        """Short-form op code: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B or OPT."""
+        return OPTIMIZER_ACTION if self.kind == OPTIMIZER else OP_OF_KIND[self.kind]
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind in COMM_KINDS
+
+    def __str__(self) -> str:
+        if self.kind == OPTIMIZER:
+            return OPTIMIZER
+        return f"{self.type}[mb{self.micro_batch}]"
+
+
+@dataclass(frozen=True)
+class Action:
+    """Short form of a job: global virtual ``stage``, ``op`` code, ``micro_batch``."""
+
+    stage: Optional[int]
+    op: str
+    micro_batch: Optional[int]
+
+    def __str__(self) -> str:
+        if self.op == OPTIMIZER_ACTION:
+            return OPTIMIZER_ACTION
+        return f"{self.stage}{self.op}{self.micro_batch}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        text = text.strip()
+        if text == OPTIMIZER_ACTION:
+            return cls(None, OPTIMIZER_ACTION, None)
+        match = _ACTION_RE.match(text)
+        if not match:
+            raise ValueError(
+                f"action {text!r} is not of the form {{stage}}{{F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B}}{{mb}}")
+        return cls(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+@dataclass
+class Schedule:
+    """Per-rank ordered job lists of one pipeline schedule.
+
+    ``ranks[r]`` is the list rank ``r`` runs in order.  ``placement`` maps (rank, chunk) to the
+    global virtual stage.  ``lowered`` is True once send / recv jobs have been inserted.
+    """
+
+    name: str
+    pp: int
+    vpp: int
+    m: int
+    placement: Placement
+    ranks: List[List[Job]]
+    split_backward: bool = False
+    lowered: bool = False
+    options: dict = field(default_factory=dict)
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def stage_of(self, rank: int, job: Job) -> Optional[int]:
+        return None if job.chunk is None else self.placement.stage(rank, job.chunk)
+
+    def to_action(self, rank: int, job: Job) -> Action:
+        if job.kind == OPTIMIZER:
+            return Action(None, OPTIMIZER_ACTION, None)
+        return Action(self.placement.stage(rank, job.chunk), job.op, job.micro_batch)
+
+    def from_action(self, action: Action) -> Tuple[Optional[int], Job]:
+        """(rank, job) of an action; the optimizer's rank is None (it runs on every rank)."""
+        if action.op == OPTIMIZER_ACTION:
+            return None, Job(OPTIMIZER)
+        rank, chunk = self.placement.rank_chunk(action.stage)
+        return rank, Job(KIND_OF_OP[action.op], chunk, action.micro_batch)
+
+    def actions(self, rank: int) -> List[Action]:
+        return [self.to_action(rank, job) for job in self.ranks[rank]]
+
+    def compute_only(self) -> "Schedule":
+        """A copy without send / recv / optimizer jobs."""
+        return self.with_ranks([[j for j in jobs if j.is_compute] for jobs in self.ranks], lowered=False)
+
+    def with_ranks(self, ranks: Sequence[Sequence[Job]], **changes) -> "Schedule":
+        fields = dict(name=self.name, pp=self.pp, vpp=self.vpp, m=self.m, placement=self.placement,
+                      ranks=[list(jobs) for jobs in ranks], split_backward=self.split_backward,
+                      lowered=self.lowered, options=dict(self.options))
+        fields.update(changes)
+        return Schedule(**fields)
+
+    def __str__(self) -> str:
+        lines = [f"{self.name} pp={self.pp} vpp={self.vpp} m={self.m} placement={self.placement.kind}"]
+        for rank in range(self.pp):
+            lines.append(f"rank {rank}: " + " ".join(str(a) for a in self.actions(rank)))
+        return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Which virtual stage each (rank, chunk) holds, and which layers each stage holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+LOOPED = "looped"
+V_SHAPE = "v"
+PLACEMENTS = (LOOPED, V_SHAPE)
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    """Shared argument check: ``TypeError`` for non-ints, ``ValueError`` below ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Stage layout over ``pp`` ranks with ``vpp`` chunks each.
+
+    looped: chunk ``c`` on rank ``r`` is stage ``c*pp + r``.
+    v (zig-zag): even ``c`` -> ``c*pp + r``; odd ``c`` -> ``c*pp + pp-1-r``.
+    """
+
+    kind: str
+    pp: int
+    vpp: int
+
+    def __post_init__(self):
+        if self.kind not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.kind!r}")
+        check_positive_int("pp", self.pp)
+        check_positive_int("vpp", self.vpp)
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def stage(self, rank: int, chunk: int) -> int:
+        if not 0 <= rank < self.pp:
+            raise ValueError(f"rank must be in [0, {self.pp}), got {rank}")
+        if not 0 <= chunk < self.vpp:
+            raise ValueError(f"chunk must be in [0, {self.vpp}), got {chunk}")
+        if self.kind == V_SHAPE and chunk % 2 == 1:
+            return chunk * self.pp + self.pp - 1 - rank
+        return chunk * self.pp + rank
+
+    def rank_chunk(self, stage: int) -> Tuple[int, int]:
+        if not 0 <= stage < self.num_stages:
+            raise ValueError(f"stage must be in [0, {self.num_stages}), got {stage}")
+        chunk, offset = divmod(stage, self.pp)
+        if self.kind == V_SHAPE and chunk % 2 == 1:
+            return self.pp - 1 - offset, chunk
+        return offset, chunk
+
+    def rank_of(self, stage: int) -> int:
+        return self.rank_chunk(stage)[0]
+
+    def layers_per_stage(self, num_layers: int) -> int:
+        check_positive_int("num_layers", num_layers)
+        if num_layers % self.num_stages:
+            raise ValueError(
+                f"num_layers ({num_layers}) must be divisible by pp*vpp ({self.pp}*{self.vpp}="
+                f"{self.num_stages}) so every virtual stage holds the same number of layers")
+        return num_layers // self.num_stages
+
+    def layer_owner(self, layer: int, num_layers: int) -> Tuple[int, int]:
+        """(rank, chunk) of 0-based ``layer`` when ``num_layers`` are split evenly over stages."""
+        per_stage = self.layers_per_stage(num_layers)
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"layer must be in [0, {num_layers}), got {layer}")
+        return self.rank_chunk(layer // per_stage)
+
+    def layers_of_rank(self, num_layers: int) -> Dict[int, List[int]]:
+        """0-based layer indices each rank holds, in model order."""
+        per_stage = self.layers_per_stage(num_layers)
+        held: Dict[int, List[int]] = {r: [] for r in range(self.pp)}
+        for layer in range(num_layers):
+            held[self.rank_of(layer // per_stage)].append(layer)
+        return held

@@ -1,0 +1,103 @@
+"""Schedules by name: one ``build_schedule`` for every generator.
+
+A generator is a function ``(pp, vpp, m, **options) -> list of per-rank job lists`` (compute jobs
+only).  It raises ``ValueError`` naming the parameter for a configuration its definition cannot
+serve.  ``build_schedule`` checks the common arguments, applies ``split_backward`` and wraps the
+result in a :class:`Schedule`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, Job, Schedule
+from .placement import LOOPED, PLACEMENTS, Placement, check_positive_int
+
+Generator = Callable[..., List[List[Job]]]
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str
+    generator: Generator
+    placement: str = LOOPED
+    aliases: Tuple[str, ...] = ()
+    #: True when the generator itself emits backward_b / backward_w (zero-bubble family).
+    splits_backward: bool = False
+    description: str = ""
+
+
+_REGISTRY: Dict[str, ScheduleSpec] = {}
+_LOOKUP: Dict[str, str] = {}
+
+
+def register_schedule(name: str, *, aliases: Sequence[str] = (), placement: str = LOOPED,
+                      splits_backward: bool = False, description: str = ""):
+    """Decorator registering a generator under ``name`` (case-insensitive) and ``aliases``."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+
+    def decorate(generator: Generator) -> Generator:
+        spec = ScheduleSpec(name, generator, placement, tuple(aliases), splits_backward,
+                            description or (generator.__doc__ or "").strip().splitlines()[0])
+        for key in (name, *aliases):
+            owner = _LOOKUP.get(key.lower())
+            if owner is not None and owner != name:
+                raise ValueError(f"schedule name {key!r} is already registered by {owner!r}")
+            _LOOKUP[key.lower()] = name
+        _REGISTRY[name] = spec
+        return generator
+
+    return decorate
+
+
+def schedule_names() -> List[str]:
+    """Canonical names of every registered schedule, in registration order."""
+    return list(_REGISTRY)
+
+
+def get_spec(name: str) -> ScheduleSpec:
+    if not isinstance(name, str):
+        raise TypeError(f"schedule name must be a str, got {type(name).__name__}")
+    canonical = _LOOKUP.get(name.lower())
+    if canonical is None:
+        known = ", ".join(sorted(_LOOKUP))
+        raise ValueError(f"unknown schedule {name!r}; known names (case-insensitive): {known}")
+    return _REGISTRY[canonical]
+
+
+def split_backward_jobs(ranks: Sequence[Sequence[Job]]) -> List[List[Job]]:
+    """Replace every full backward by backward_b immediately followed by backward_w."""
+    out = []
+    for jobs in ranks:
+        split: List[Job] = []
+        for job in jobs:
+            if job.kind == BACKWARD:
+                split.append(Job(BACKWARD_B, job.chunk, job.micro_batch))
+                split.append(Job(BACKWARD_W, job.chunk, job.micro_batch))
+            else:
+                split.append(job)
+        out.append(split)
+    return out
+
+
+def build_schedule(name: str, pp: int, vpp: int = 1, m: int = 1, *, split_backward: bool = False,
+                   **options) -> Schedule:
+    """Build the compute-only schedule ``name`` for ``pp`` ranks, ``vpp`` chunks, ``m`` micro-batches.
+
+    Zero-bubble schedules always emit backward_b / backward_w; for the others
+    ``split_backward=True`` turns each backward into backward_b followed by backward_w.
+    Extra ``options`` (e.g. ``costs``, ``memory_limit``) go to the generator.
+    """
+    spec = get_spec(name)
+    check_positive_int("pp", pp)
+    check_positive_int("vpp", vpp)
+    check_positive_int("m", m)
+    if not isinstance(split_backward, bool):
+        raise TypeError(f"split_backward must be a bool, got {type(split_backward).__name__}")
+    ranks = spec.generator(pp, vpp, m, **options)
+    if split_backward and not spec.splits_backward:
+        ranks = split_backward_jobs(ranks)
+    return Schedule(name=spec.name, pp=pp, vpp=vpp, m=m, placement=Placement(spec.placement, pp, vpp),
+                    ranks=[list(jobs) for jobs in ranks],
+                    split_backward=split_backward or spec.splits_backward, options=dict(options))

@@ -1,0 +1,23 @@
+from setuptools import setup
+
+setup(
+    name="pipesplit",
+    version="0.1.0",
+    description="Pipeline-parallel schedules and PIR program splitting for PaddlePaddle static graphs",
+    python_requires=">=3.9",
+    packages=["pipesplit.job_list", "pipesplit.ir_utils", "pipesplit.passes", "pipesplit.tools"],
+    package_dir={
+        "pipesplit.job_list": "job_list",
+        "pipesplit.ir_utils": "ir_utils",
+        "pipesplit.passes": "passes",
+        "pipesplit.tools": "tools",
+    },
+    package_data={"pipesplit.job_list": ["golden/*"]},
+    install_requires=["numpy"],
+    extras_require={
+        "paddle": ["paddlepaddle==3.3.1"],
+        "plot": ["matplotlib"],
+        "test": ["pytest", "matplotlib", "paddlepaddle==3.3.1"],
+    },
+    entry_points={"console_scripts": ["pipesplit=pipesplit.tools.cli:main"]},
+)
