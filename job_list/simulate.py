@@ -1,0 +1,213 @@
+"""Discrete-event simulation of a schedule: each rank runs its list in order; a job starts when
+its rank is free and its dependencies are done (plus the latency ``comm`` when they ran on
+another rank).  Send / recv jobs take no time of their own: the latency stands for them.
+
+Memory model (units of one stage's activations for one micro-batch): +1 at the end of F(s, mb);
+-1 at the end of its B, or -1/2 at the end of I and -1/2 at the end of W.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from .deps import DependencyGraph, JobKey, job_key
+from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
+
+Number = Union[int, float]
+PerStage = Union[Number, Sequence[Number]]
+COST_FIELDS = ("forward", "backward", "backward_b", "backward_w")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Time per job kind, a scalar or one value per global virtual stage, and the p2p latency.
+
+    ``backward`` defaults to ``backward_b + backward_w``.
+    """
+
+    forward: PerStage = 1.0
+    backward: Optional[PerStage] = None
+    backward_b: PerStage = 1.0
+    backward_w: PerStage = 1.0
+    comm: Number = 0.0
+
+    def __post_init__(self):
+        for name in COST_FIELDS:
+            value = getattr(self, name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if name == "backward" and value is None:
+                continue
+            for item in values:
+                if not isinstance(item, (int, float)) or isinstance(item, bool) or item < 0:
+                    raise ValueError(f"costs.{name} must be numbers >= 0, got {value!r}")
+        if not isinstance(self.comm, (int, float)) or self.comm < 0:
+            raise ValueError(f"costs.comm must be a number >= 0, got {self.comm!r}")
+
+    def of(self, kind: str, stage: int) -> float:
+        """Cost of a ``kind`` job on global ``stage`` (0 for send / recv / optimizer)."""
+        if kind == BACKWARD and self.backward is None:
+            return self.of(BACKWARD_B, stage) + self.of(BACKWARD_W, stage)
+        if kind not in COST_FIELDS:
+            return 0.0
+        value = getattr(self, kind)
+        if isinstance(value, (list, tuple)):
+            if not 0 <= stage < len(value):
+                raise ValueError(f"costs.{kind} has {len(value)} entries, stage {stage} needs more")
+            return float(value[stage])
+        return float(value)
+
+    def check_stages(self, num_stages: int) -> None:
+        for name in COST_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)) and len(value) != num_stages:
+                raise ValueError(f"costs.{name} has {len(value)} entries; the schedule has "
+                                 f"{num_stages} virtual stages (pp*vpp)")
+
+    @classmethod
+    def from_string(cls, text: str, comm: Number = 0.0) -> "Costs":
+        """``"tF,tB,tI,tW"`` (or ``"tF,tB"``, then tI = tW = tB/2)."""
+        try:
+            parts = [float(p) for p in text.split(",")]
+        except ValueError:
+            raise ValueError(f"cost must be numbers 'tF,tB,tI,tW', got {text!r}") from None
+        if len(parts) == 2:
+            parts += [parts[1] / 2, parts[1] / 2]
+        if len(parts) != 4:
+            raise ValueError(f"cost must be 'tF,tB,tI,tW' (4 numbers) or 'tF,tB', got {text!r}")
+        return cls(*parts, comm=comm)
+
+    def to_dict(self) -> dict:
+        return {name: (list(v) if isinstance(v, (list, tuple)) else v)
+                for name, v in ((n, getattr(self, n)) for n in COST_FIELDS + ("comm",))}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Costs":
+        unknown = set(data) - set(COST_FIELDS) - {"comm"}
+        if unknown:
+            raise ValueError(f"unknown cost fields {sorted(unknown)}; expected {COST_FIELDS + ('comm',)}")
+        missing = [n for n in ("forward", "backward_b", "backward_w") if n not in data]
+        if missing:
+            raise ValueError(f"costs lack {missing}; every compute kind needs a time")
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
+
+    @classmethod
+    def load(cls, path: str) -> "Costs":
+        with open(path) as f:
+            data = json.load(f)
+        return cls.from_dict(data.get("costs", data))
+
+
+@dataclass(frozen=True)
+class TimedJob:
+    rank: int
+    index: int
+    job: Job
+    stage: int
+    start: float
+    end: float
+
+
+@dataclass
+class SimResult:
+    schedule: Schedule
+    costs: Costs
+    timeline: List[List[TimedJob]]
+    makespan: float
+    busy: List[float]
+    peak_memory: List[float]
+    memory_curve: List[List[Tuple[float, float]]] = field(repr=False, default_factory=list)
+
+    @property
+    def bubble_ratio(self) -> float:
+        """Idle share of all ranks' time up to the makespan."""
+        total = self.makespan * self.schedule.pp
+        return 0.0 if total == 0 else 1.0 - sum(self.busy) / total
+
+    @property
+    def max_peak_memory(self) -> float:
+        return max(self.peak_memory)
+
+    def start_of(self) -> Dict[Tuple[int, int], float]:
+        """(rank, index in the rank's list) -> start time, compute jobs only."""
+        return {(t.rank, t.index): t.start for row in self.timeline for t in row}
+
+
+def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
+    """Time every compute job of ``schedule`` (send / recv jobs are skipped)."""
+    from .validate import ScheduleError, explain_deadlock  # validate imports nothing of ours back
+
+    costs = costs or Costs()
+    costs.check_stages(schedule.num_stages)
+    graph = DependencyGraph(schedule)
+    end: Dict[JobKey, float] = {}
+    timeline: List[List[TimedJob]] = [[] for _ in range(schedule.pp)]
+    clock = [0.0] * schedule.pp
+    head = [0] * schedule.pp
+    remaining = sum(1 for jobs in schedule.ranks for j in jobs if j.is_compute)
+
+    def ready_time(rank: int, job: Job) -> Optional[float]:
+        t = clock[rank]
+        for dep_rank, dep in graph.dependencies(rank, job):
+            finished = end.get(job_key(schedule, dep_rank, dep))
+            if finished is None:
+                return None
+            t = max(t, finished + (costs.comm if dep_rank != rank else 0.0))
+        return t
+
+    while remaining:
+        progressed = False
+        for rank, jobs in enumerate(schedule.ranks):
+            while head[rank] < len(jobs):
+                job = jobs[head[rank]]
+                if not job.is_compute:
+                    head[rank] += 1
+                    continue
+                start = ready_time(rank, job)
+                if start is None:
+                    break
+                stage = schedule.placement.stage(rank, job.chunk)
+                finish = start + costs.of(job.kind, stage)
+                end[job_key(schedule, rank, job)] = finish
+                timeline[rank].append(TimedJob(rank, head[rank], job, stage, start, finish))
+                clock[rank] = finish
+                head[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ScheduleError(explain_deadlock(schedule.compute_only()))
+    makespan = max(clock) if timeline else 0.0
+    busy = [sum(t.end - t.start for t in row) for row in timeline]
+    curves = [_memory_curve(row) for row in timeline]
+    peaks = [max((level for _, level in curve), default=0.0) for curve in curves]
+    return SimResult(schedule, costs, timeline, makespan, busy, peaks, curves)
+
+
+_MEMORY_DELTA = {FORWARD: 1.0, BACKWARD: -1.0, BACKWARD_B: -0.5, BACKWARD_W: -0.5}
+
+
+def _memory_curve(row: Sequence[TimedJob]) -> List[Tuple[float, float]]:
+    """(time, live activation units) after each job of one rank; frees before allocations."""
+    events = sorted(((t.end, _MEMORY_DELTA[t.job.kind]) for t in row), key=lambda e: (e[0], e[1]))
+    level, curve = 0.0, []
+    for time, delta in events:
+        level += delta
+        curve.append((time, level))
+    return curve
+
+
+def lower_bound(pp: int, vpp: int, m: int, costs: Optional[Costs] = None) -> float:
+    """(p-1)(tF+c) + m*v*(tF+tB): the last rank cannot start before the first forward reaches
+    it and must then do all of its own work (uniform costs; per-stage costs use the slowest
+    rank's own work and the forward path to its first stage)."""
+    costs = costs or Costs()
+    from .placement import LOOPED, Placement
+
+    placement = Placement(LOOPED, pp, vpp)
+    best = 0.0
+    for rank in range(pp):
+        stages = [placement.stage(rank, c) for c in range(vpp)]
+        work = m * sum(costs.of(FORWARD, s) + costs.of(BACKWARD, s) for s in stages)
+        head = sum(costs.of(FORWARD, s) for s in range(rank)) + rank * costs.comm
+        best = max(best, head + work)
+    return best
