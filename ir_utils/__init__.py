@@ -1,0 +1,17 @@
+"""PIR program surgery for pipesplit: role / chunk completion, gradient accumulation,
+sub-program extraction and a single-process plan runner."""
+from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
+from .complete import check_program, complete_program
+from .extract import Handoff, SplitProgram, job_types_for, split_program
+from .models import BuiltModel, build_gpt, build_mlp
+from .runner import (fthenb_order, init_scope, make_plan, read_params, required_vars_of,
+                     run_plan, run_unsplit_baseline)
+
+__all__ = [
+    "BACKWARD_W_ATTR", "AccumulationInfo", "add_gradient_accumulation",
+    "check_program", "complete_program",
+    "Handoff", "SplitProgram", "job_types_for", "split_program",
+    "BuiltModel", "build_gpt", "build_mlp",
+    "fthenb_order", "init_scope", "make_plan", "read_params", "required_vars_of", "run_plan",
+    "run_unsplit_baseline",
+]

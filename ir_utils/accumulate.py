@@ -1,0 +1,171 @@
+"""Gradient accumulation over micro-batches on a completed PIR program (modified in place).
+
+For every gradient an optimizer-role op reads, a persistable accumulator (a block kwarg named
+``{param}@PS_ACC``) is added to right after the grad's producer (same role, chunk and
+``pipesplit_backward_w`` flag, so it lands in that backward / backward_w sub-program).  In
+``avg`` mode a persistable counter per (chunk, backward_w) group (``pipesplit_acc_count_{c}``
+or ``..._{c}_w``) counts the contributions, so the split does not depend on the number of
+micro-batches.  The optimizer-role ops read ``acc / count`` (avg) or ``acc`` (sum); at the end of
+the optimizer section accumulators and counters are reset to zero.
+
+The accumulators and counters must exist, zeroed, in the scope before the first step:
+``AccumulationInfo.init_scope(scope, place)`` does that.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+import paddle
+
+from .complete import BACKWARD, OPTIMIZE
+
+BACKWARD_W_ATTR = "pipesplit_backward_w"
+ACC_SUFFIX = "@PS_ACC"
+COUNT_PREFIX = "pipesplit_acc_count_"
+MODES = ("avg", "sum")
+
+
+@dataclass
+class AccumulationInfo:
+    mode: str
+    # accumulator / counter name -> (shape, numpy dtype)
+    buffers: Dict[str, Tuple[Tuple[int, ...], str]] = field(default_factory=dict)
+    # gradient accumulator name -> counter name (avg mode)
+    counter_of: Dict[str, str] = field(default_factory=dict)
+
+    def init_scope(self, scope, place=None) -> None:
+        """Create every accumulator / counter in ``scope`` filled with zeros."""
+        place = place if place is not None else paddle.CPUPlace()
+        for name, (shape, dtype) in self.buffers.items():
+            scope.var(name).get_tensor().set(np.zeros(shape, dtype=dtype), place)
+
+
+def _is_w(op) -> bool:
+    return op.has_attr(BACKWARD_W_ATTR) and bool(op.attrs()[BACKWARD_W_ATTR])
+
+
+def _tag(value, role, chunk, is_w=False, seen=None):
+    """Tag the op defining ``value`` and its untagged operand producers (fresh ``full`` ops)."""
+    op = value.get_defining_op()
+    if op is None:
+        return
+    op.op_role = role
+    if chunk is not None and chunk >= 0:
+        op.set_int_attr("chunk_id", chunk)
+    if is_w:
+        op.set_bool_attr(BACKWARD_W_ATTR, True)
+    for v in op.operands_source():
+        d = v.get_defining_op()
+        if d is not None and d.op_role < 0:
+            _tag(v, role, chunk, is_w)
+
+
+_DTYPES = {"paddle.float32": "float32", "paddle.float64": "float64",
+           "paddle.float16": "float16", "paddle.bfloat16": "float32"}
+
+
+def _place():
+    return paddle.framework._current_expected_place()
+
+
+def add_gradient_accumulation(program, mode: str = "avg") -> AccumulationInfo:
+    """Insert gradient accumulation into a completed ``program`` (modified in place)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    block = program.global_block()
+    ops = list(block.ops)
+    opt_ops = [op for op in ops if op.op_role == OPTIMIZE]
+    info = AccumulationInfo(mode=mode)
+    if not opt_ops:
+        return info
+    place = paddle.base.libpaddle.Place()
+    place.set_place(_place())
+
+    # gradients: values produced by backward ops and read by optimizer ops
+    grads = []
+    seen = set()
+    for op in opt_ops:
+        for v in op.operands_source():
+            d = v.get_defining_op()
+            if d is None or d.op_role != BACKWARD or v.id in seen:
+                continue
+            seen.add(v.id)
+            grads.append((v, d, op))
+
+    counters: Dict[Tuple[int, bool], object] = {}
+    acc_values = []
+    used_names = set()
+    for k, (g, producer, first_opt) in enumerate(grads):
+        param_name = None
+        if first_opt.num_operands() and first_opt.operand_source(0).get_defining_op() is not None:
+            p = first_opt.operand_source(0)
+            if p.get_defining_op().name() == "builtin.parameter" and p.has_name:
+                param_name = p.name
+        name = f"{param_name}{ACC_SUFFIX}" if param_name else f"pipesplit_grad_{k}{ACC_SUFFIX}"
+        if name in used_names:
+            name = f"pipesplit_grad_{k}{ACC_SUFFIX}"
+        used_names.add(name)
+        chunk = producer.chunk_id if producer.has_attr("chunk_id") else -1
+        is_w = _is_w(producer)
+        shape = tuple(int(s) for s in g.shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"gradient of {param_name or name} has a dynamic shape {shape}")
+        dtype = _DTYPES.get(str(g.dtype), "float32")
+
+        acc = block.add_kwarg(name, g.type())
+        acc.persistable = True
+        acc.place_attr = place
+        info.buffers[name] = (shape, dtype)
+
+        paddle.pir.set_insertion_point_after(producer)
+        out = paddle._C_ops.add_(acc, g)
+        _tag(out, BACKWARD, chunk, is_w)
+        last = out.get_defining_op()
+        opt_users = [u for u in g.all_used_ops() if u.op_role == OPTIMIZE]
+
+        if mode == "avg":
+            key = (chunk, is_w)
+            if key not in counters:
+                cname = f"{COUNT_PREFIX}{chunk}" + ("_w" if is_w else "")
+                ctype = _scalar_type(g)
+                cnt = block.add_kwarg(cname, ctype)
+                cnt.persistable = True
+                cnt.place_attr = place
+                info.buffers[cname] = ((1,), dtype)
+                paddle.pir.set_insertion_point_after(last)
+                one = paddle.full([1], 1.0, dtype=g.dtype)
+                inc = paddle._C_ops.add_(cnt, one)
+                _tag(inc, BACKWARD, chunk, is_w)
+                counters[key] = cnt
+            info.counter_of[name] = f"{COUNT_PREFIX}{chunk}" + ("_w" if is_w else "")
+        acc_values.append((name, acc, g, opt_users, (chunk, is_w)))
+
+    # optimizer side: read acc (/ count), after the last optimizer op reset to zero
+    first_opt_op = opt_ops[0]
+    for name, acc, g, opt_users, key in acc_values:
+        paddle.pir.set_insertion_point(first_opt_op)
+        if mode == "avg":
+            val = paddle._C_ops.divide(acc, counters[key])
+            _tag(val, OPTIMIZE, None)
+        else:
+            val = acc
+        g.replace_grad_users_with(val, set(opt_users))
+    paddle.pir.set_insertion_point_to_block_end(block)
+    for name, acc, g, _, _ in acc_values:
+        z = paddle._C_ops.full_(acc, list(info.buffers[name][0]), 0.0, acc.dtype, _place())
+        _tag(z, OPTIMIZE, None)
+    for cnt in counters.values():
+        z = paddle._C_ops.full_(cnt, [1], 0.0, cnt.dtype, _place())
+        _tag(z, OPTIMIZE, None)
+    return info
+
+
+def _scalar_type(g):
+    """A dense tensor type of shape [1] with ``g``'s dtype."""
+    prog = paddle.pir.Program()
+    with paddle.static.program_guard(prog):
+        t = paddle.full([1], 0.0, dtype=g.dtype)
+    return t.type()

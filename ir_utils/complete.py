@@ -1,0 +1,264 @@
+"""Complete op roles (0 forward, 1 backward, 2 optimize) and chunk ids on a PIR program.
+
+``complete_program`` modifies the program it is given: callers pass a clone.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List
+
+FORWARD, BACKWARD, OPTIMIZE = 0, 1, 2
+
+OPTIMIZER_OP_RE = re.compile(
+    r"^pd_op\.(sgd|adam|adamw|momentum|lamb|rmsprop|adagrad|adadelta|adamax|lars_momentum|"
+    r"merged_adam|merged_momentum|fused_adam|nadam|radam|asgd|dgc_momentum)_?$")
+GRAD_OP_RE = re.compile(r"^pd_op\.(\w+?)_grad_?$")
+# ops that produce a value from nothing and have no side effect: they may be re-created in
+# every sub-program that needs them instead of being handed over
+SOURCE_OPS = frozenset({"builtin.parameter", "pd_op.data", "pd_op.full", "pd_op.full_int_array",
+                        "builtin.constant", "pd_op.assign_value", "pd_op.assign_value_"})
+SINK_OPS = frozenset({"builtin.shadow_output", "pd_op.fetch"})
+
+
+def is_source_op(op) -> bool:
+    return op.name() in SOURCE_OPS and op.num_operands() == 0
+
+
+def _users(op):
+    out = []
+    for r in op.results():
+        out.extend(r.all_used_ops())
+    return out
+
+
+def _producers(op):
+    out = []
+    for v in op.operands_source():
+        d = v.get_defining_op() if v is not None and v.initialized() else None
+        if d is not None:
+            out.append(d)
+    return out
+
+
+def _describe(op) -> str:
+    return f"{op.name()}(id={op.id()})"
+
+
+def _complete_roles(ops, idx) -> None:
+    role: Dict[int, int] = {}
+    for op in ops:
+        if op.op_role is not None and op.op_role >= 0:
+            role[idx[op]] = op.op_role
+    if len(role) == len(ops):
+        return
+    # 1. seed: optimizer updates and grad ops
+    for op in ops:
+        i = idx[op]
+        if i in role:
+            continue
+        if OPTIMIZER_OP_RE.match(op.name()):
+            role[i] = OPTIMIZE
+        elif GRAD_OP_RE.match(op.name()):
+            role[i] = BACKWARD
+    # 2. descendants of backward ops are backward (unless optimizer), of optimizer ops optimizer
+    for op in ops:
+        i = idx[op]
+        if i in role or op.name() in SINK_OPS:
+            continue
+        rs = {role.get(idx[p]) for p in _producers(op)}
+        if OPTIMIZE in rs:
+            role[i] = OPTIMIZE
+        elif BACKWARD in rs:
+            role[i] = BACKWARD
+    # 3. ops feeding only later roles take the earliest role of their users (reverse order)
+    for op in reversed(ops):
+        i = idx[op]
+        if i in role or op.name() in SINK_OPS:
+            continue
+        users = _users(op)
+        if not users:
+            continue
+        urs = [role.get(idx[u]) for u in users]
+        if any(r is None for r in urs):
+            # a user is unplaced (only sinks can be); treat as forward consumer
+            urs = [FORWARD if r is None else r for r in urs]
+        role[i] = min(urs)
+    # 4. sinks and dead ops: role of their producer, else by position
+    grad_pos = [idx[op] for op in ops if role.get(idx[op]) == BACKWARD]
+    opt_pos = [idx[op] for op in ops if role.get(idx[op]) == OPTIMIZE]
+    first_b = min(grad_pos) if grad_pos else len(ops)
+    first_o = min(opt_pos) if opt_pos else len(ops)
+    for op in ops:
+        i = idx[op]
+        if i in role:
+            continue
+        prods = [role[idx[p]] for p in _producers(op) if idx[p] in role]
+        if prods:
+            role[i] = max(prods) if op.name() not in SINK_OPS else prods[0]
+        else:
+            role[i] = FORWARD if i < first_b else (BACKWARD if i < first_o else OPTIMIZE)
+    for op in ops:
+        op.op_role = role[idx[op]]
+
+
+def _match_forward_op(op, chunk, idx):
+    """The forward op a grad op belongs to: a producer or user of a forward value the grad op
+    reads, with the grad op's base name, sharing the most values with it."""
+    m = GRAD_OP_RE.match(op.name())
+    if not m:
+        return None
+    base = {f"pd_op.{m.group(1)}", f"pd_op.{m.group(1)}_"}
+    operand_ids = set()
+    cands = {}
+    for v in op.operands_source():
+        if v is None or not v.initialized():
+            continue
+        operand_ids.add(v.id)
+        d = v.get_defining_op()
+        if d is not None and d.op_role == FORWARD:
+            if d.name() in base:
+                cands[idx[d]] = d
+            for u in v.all_used_ops():
+                if u.op_role == FORWARD and u.name() in base:
+                    cands[idx[u]] = u
+    best, best_score = None, -1
+    for _, c in sorted(cands.items()):
+        if chunk.get(idx[c], -1) < 0:
+            continue
+        vals = [v.id for v in c.operands_source() if v is not None and v.initialized()]
+        vals += [r.id for r in c.results()]
+        score = sum(1 for v in vals if v in operand_ids)
+        if score > best_score:
+            best, best_score = c, score
+    return best
+
+
+def _complete_chunks(ops, idx) -> None:
+    chunk: Dict[int, int] = {}
+    for op in ops:
+        c = op.chunk_id if op.has_attr("chunk_id") else -1
+        if c is not None and c >= 0:
+            chunk[idx[op]] = c
+    # grad ops take their forward op's chunk
+    for op in ops:
+        i = idx[op]
+        if i in chunk or op.op_role != BACKWARD:
+            continue
+        f = _match_forward_op(op, chunk, idx)
+        if f is not None:
+            chunk[i] = chunk[idx[f]]
+    # data-flow inference to a fixpoint
+    changed = True
+    while changed:
+        changed = False
+        for op in list(ops) + list(reversed(ops)):
+            i = idx[op]
+            if i in chunk:
+                continue
+            c = _infer_chunk(op, chunk, idx)
+            if c is not None:
+                chunk[i] = c
+                changed = True
+    missing = [op for op in ops if idx[op] not in chunk and op.op_role in (FORWARD, BACKWARD)]
+    if missing:
+        raise ValueError("cannot infer a chunk id for ops: "
+                         + ", ".join(_describe(op) for op in missing[:50])
+                         + (f" ... ({len(missing)} in all)" if len(missing) > 50 else ""))
+    for op in ops:
+        if idx[op] in chunk:
+            op.set_int_attr("chunk_id", chunk[idx[op]])
+
+
+def _infer_chunk(op, chunk, idx):
+    role = op.op_role
+    prods = [p for p in _producers(op) if idx.get(p) is not None]
+    users = [u for u in _users(op) if idx.get(u) is not None]
+
+    def cs(lst, want_role=None):
+        return [chunk[idx[o]] for o in lst
+                if idx[o] in chunk and (want_role is None or o.op_role == want_role)
+                and not is_source_op(o)]
+
+    if op.name() in SINK_OPS:
+        pc = [chunk[idx[p]] for p in prods if idx[p] in chunk]
+        return pc[0] if pc else None
+    if role == FORWARD:
+        pc = cs(prods, FORWARD)
+        if pc:
+            return max(pc)
+        uc = cs(users)
+        return min(uc) if uc else None
+    if role == BACKWARD:
+        pc = cs(prods, BACKWARD)
+        if pc:
+            return min(pc)
+        uc = cs(users, BACKWARD)
+        if uc:
+            return max(uc)
+        pc = cs(prods, FORWARD)
+        if pc:
+            return max(pc)
+        uc = cs(users)
+        return max(uc) if uc else None
+    if role == OPTIMIZE:
+        # chunk of the parameter it updates, when that is known; otherwise none needed
+        for v in op.operands_source():
+            d = v.get_defining_op() if v is not None and v.initialized() else None
+            if d is not None and d.name() == "builtin.parameter" and idx[d] in chunk:
+                return chunk[idx[d]]
+        return None
+    return None
+
+
+def complete_program(program):
+    """Give every op of ``program`` (modified in place: pass a clone) an op_role and, for
+    forward / backward ops, a chunk id.  Raises ``ValueError`` for ops it cannot place."""
+    block = program.global_block()
+    ops = list(block.ops)
+    if not ops:
+        raise ValueError("program has no ops")
+    for op in ops:
+        if op.num_regions() > 0:
+            raise ValueError(f"control flow is not supported: {_describe(op)}")
+    idx = {op: i for i, op in enumerate(ops)}
+    has_chunk = any(op.has_attr("chunk_id") and op.chunk_id >= 0 for op in ops)
+    if not has_chunk:
+        raise ValueError("program has no chunk ids: tag the layers with pir_chunk_id_guard")
+    _complete_roles(ops, idx)
+    _complete_chunks(ops, idx)
+    return program
+
+
+def check_program(program, num_chunks: int) -> None:
+    """Raise ``ValueError`` unless every forward/backward op has a chunk id in
+    ``[0, num_chunks)`` and every chunk is used."""
+    if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
+        raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
+    ops = list(program.global_block().ops)
+    if not ops:
+        raise ValueError("program has no ops")
+    roles = [op.op_role for op in ops]
+    if all(r is None or r < 0 for r in roles):
+        raise ValueError("program has no op roles (run complete_program first)")
+    unroled = [op for op in ops if op.op_role is None or op.op_role < 0]
+    if unroled:
+        raise ValueError("ops without op_role: " + ", ".join(_describe(o) for o in unroled[:20]))
+    chunks = set()
+    bad: List[str] = []
+    for op in ops:
+        c = op.chunk_id if op.has_attr("chunk_id") else -1
+        if op.op_role in (FORWARD, BACKWARD):
+            if c is None or c < 0:
+                bad.append(f"{_describe(op)} has no chunk id")
+            elif c >= num_chunks:
+                bad.append(f"{_describe(op)} has chunk id {c} >= num_chunks {num_chunks}")
+            else:
+                chunks.add(c)
+    if not chunks and not bad:
+        raise ValueError("program has no chunk ids")
+    if bad:
+        raise ValueError("chunk ids do not fit num_chunks: " + "; ".join(bad[:20]))
+    unused = sorted(set(range(num_chunks)) - chunks)
+    if unused:
+        raise ValueError(f"num_chunks={num_chunks} but no op has chunk id in {unused}: "
+                         f"the program uses chunks {sorted(chunks)}")

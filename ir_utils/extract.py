@@ -1,0 +1,244 @@
+"""Split one completed PIR training program into per-(kind, chunk) sub-programs.
+
+One pass over the ops: each op is cloned (``op.clone(ir_mapping)``) into the sub-program of its
+job type, so the cost is linear in the program size.  Source ops (parameters, data, full ...)
+are re-created in every sub-program that reads them.  Any other value read in a sub-program
+other than its producer's becomes a named handoff: a ``builtin.shadow_output`` right after the
+producer and a block kwarg of the same name in each consumer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import paddle
+
+from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
+from .complete import BACKWARD, FORWARD, OPTIMIZE, SINK_OPS, check_program, complete_program, \
+    is_source_op
+
+COMM_KINDS = ("send_forward", "recv_forward", "send_backward", "recv_backward")
+HANDOFF_PREFIX = "pipesplit_handoff_"
+
+
+@dataclass
+class Handoff:
+    name: str
+    producer: str            # job type that writes it
+    consumers: Tuple[str, ...]  # job types that read it
+
+
+@dataclass
+class SplitProgram:
+    programs: Dict[str, "paddle.pir.Program"]
+    num_chunks: int
+    split_backward: bool
+    handoffs: Dict[str, Handoff] = field(default_factory=dict)
+    # non-persistable variable names each job type reads or writes (for skip-gc)
+    required_vars: Dict[str, FrozenSet[str]] = field(default_factory=dict)
+    # fetch column -> (job type holding the fetch op, fetched name)
+    fetches: List[Tuple[str, str]] = field(default_factory=list)
+    accumulation: Optional[AccumulationInfo] = None
+
+    @property
+    def job_types(self) -> List[str]:
+        return list(self.programs)
+
+    def fetch_job(self, name: str) -> str:
+        for job, n in self.fetches:
+            if n == name:
+                return job
+        raise KeyError(name)
+
+    def init_scope(self, scope, place=None) -> None:
+        """Zero the gradient accumulators in ``scope`` (call once after the startup program)."""
+        if self.accumulation is not None:
+            self.accumulation.init_scope(scope, place)
+
+    def handoff_names(self, job_type: str) -> FrozenSet[str]:
+        return frozenset(h.name for h in self.handoffs.values()
+                         if h.producer == job_type or job_type in h.consumers)
+
+
+def job_types_for(num_chunks: int, split_backward: bool) -> List[str]:
+    kinds = ["forward"] + (["backward_b", "backward_w"] if split_backward else ["backward"])
+    kinds += list(COMM_KINDS)
+    return [f"{k}{c}" for c in range(num_chunks) for k in kinds] + ["optimizer"]
+
+
+def _job_of(op, split_backward: bool) -> str:
+    role = op.op_role
+    if role == OPTIMIZE:
+        return "optimizer"
+    c = op.chunk_id
+    if role == FORWARD:
+        return f"forward{c}"
+    if role == BACKWARD:
+        if not split_backward:
+            return f"backward{c}"
+        w = op.has_attr(BACKWARD_W_ATTR) and bool(op.attrs()[BACKWARD_W_ATTR])
+        return f"backward_w{c}" if w else f"backward_b{c}"
+    raise ValueError(f"op {op.name()} has op_role {role}")
+
+
+def _check_int(name, value, minimum=1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def split_program(program, num_chunks: int, split_backward: bool = False,
+                  accumulate: Optional[str] = "avg",
+                  fetch_names: Optional[Sequence[str]] = None) -> SplitProgram:
+    """Split ``program`` (never modified) into forward{c}, backward{c} (or backward_b{c} /
+    backward_w{c}), empty send/recv{c} and optimizer sub-programs.
+
+    accumulate: "avg" (default), "sum" or None (no gradient accumulation).
+    fetch_names: names of forward values (``set_persistable_value`` / shadow_output names) to
+    fetch per micro-batch; default: every shadow_output name written by a forward op.
+    """
+    _check_int("num_chunks", num_chunks)
+    work = program.clone()
+    complete_program(work)
+    check_program(work, num_chunks)
+    info = add_gradient_accumulation(work, accumulate) if accumulate else None
+    split = _distribute(work, num_chunks, split_backward, fetch_names)
+    split.accumulation = info
+    return split
+
+
+def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
+    block = work.global_block()
+    ops = list(block.ops)
+    types = job_types_for(num_chunks, split_backward)
+    programs = {t: paddle.pir.Program() for t in types}
+    mappings = {t: paddle.pir.IrMapping() for t in types}
+    kwarg_made: Dict[str, set] = {t: set() for t in types}
+    place = paddle.base.libpaddle.Place()
+    place.set_place(paddle.framework._current_expected_place())
+    opts = paddle.pir.CloneOptions(False, True, True)
+
+    # shadow_output names already present in the program, per value id
+    shadow_name: Dict[int, str] = {}
+    for op in ops:
+        if op.name() == "builtin.shadow_output":
+            shadow_name.setdefault(op.operand_source(0).id, op.attrs()["output_name"])
+
+    producer_job: Dict[int, str] = {}   # value id -> job type of its producer
+    producer_op: Dict[int, Tuple[object, int, int]] = {}  # value id -> (op, op index, result)
+    handoffs: Dict[int, Handoff] = {}
+    required: Dict[str, set] = {t: set() for t in types}
+    persist_names = set()
+
+    def ensure_operand(t, v):
+        if not v.initialized():
+            return  # an absent optional operand
+        m = mappings[t]
+        if m.has(v):
+            return
+        d = v.get_defining_op()
+        blk = programs[t].global_block()
+        if d is None:  # a block argument / kwarg of the source program
+            name = v.name
+            if name not in kwarg_made[t]:
+                kw = blk.add_kwarg(name, v.type())
+                kw.persistable = v.persistable
+                kw.place_attr = place
+                kwarg_made[t].add(name)
+                if not v.persistable:
+                    required[t].add(name)
+                else:
+                    persist_names.add(name)
+                m.add(v, kw)
+            return
+        if is_source_op(d):
+            paddle.pir.set_insertion_point_to_block_end(blk)
+            d.clone(m, opts)
+            if d.name() == "pd_op.data" and not v.persistable:
+                required[t].add(v.name)
+            return
+        src = producer_job[v.id]
+        h = handoffs.get(v.id)
+        if h is None:
+            name = shadow_name.get(v.id)
+            if name is None:
+                _, oi, ri = producer_op[v.id]
+                name = f"{HANDOFF_PREFIX}{oi}_{ri}"
+            h = handoffs[v.id] = Handoff(name, src, ())
+        if t not in h.consumers:
+            h.consumers = h.consumers + (t,)
+        kw = blk.add_kwarg(h.name, v.type())
+        kw.persistable = False
+        kw.place_attr = place
+        m.add(v, kw)
+        required[t].add(h.name)
+        required[src].add(h.name)
+
+    for oi, op in enumerate(ops):
+        if is_source_op(op):
+            continue  # re-created lazily in each consumer
+        if op.name() in SINK_OPS:
+            v = op.operand_source(0)
+            d = v.get_defining_op()
+            if d is None or is_source_op(d):
+                t = _job_of(op, split_backward)
+            else:
+                t = producer_job[v.id]
+        else:
+            t = _job_of(op, split_backward)
+        if t not in programs:
+            raise ValueError(f"op {op.name()} belongs to job {t!r}, which is not one of the "
+                             f"{num_chunks}-chunk job types")
+        for v in op.operands_source():
+            ensure_operand(t, v)
+        paddle.pir.set_insertion_point_to_block_end(programs[t].global_block())
+        op.clone(mappings[t], opts)
+        if op.name() == "builtin.shadow_output":
+            name = op.attrs()["output_name"]
+            if not op.operand_source(0).persistable:
+                required[t].add(name)
+        for ri, r in enumerate(op.results()):
+            producer_job[r.id] = t
+            producer_op[r.id] = (op, oi, ri)
+
+    # producer side of the handoffs: shadow_output right after the producer's clone
+    for vid, h in handoffs.items():
+        op, oi, ri = producer_op[vid]
+        v = op.result(ri)
+        if vid in shadow_name:
+            continue  # the program's own shadow_output (cloned with the producer) writes it
+        m = mappings[h.producer]
+        new_v = m.look_up(v)
+        paddle.pir.set_insertion_point_after(new_v.get_defining_op())
+        paddle._C_ops.set_persistable_value(new_v, h.name)
+
+    # fetches
+    fetches: List[Tuple[str, str]] = []
+    if fetch_names is None:
+        fetch_names = []
+        for op in ops:
+            if op.name() == "builtin.shadow_output" and op.op_role == FORWARD:
+                fetch_names.append(op.attrs()["output_name"])
+    by_name = {}
+    for op in ops:
+        if op.name() == "builtin.shadow_output":
+            by_name[op.attrs()["output_name"]] = op.operand_source(0)
+    for col, name in enumerate(fetch_names):
+        v = by_name.get(name)
+        if v is None:
+            raise ValueError(f"fetch name {name!r} is not written by a shadow_output op")
+        t = producer_job.get(v.id)
+        if t is None:
+            raise ValueError(f"fetch name {name!r} has no producer job")
+        prog = programs[t]
+        new_v = mappings[t].look_up(v)
+        paddle.pir.set_insertion_point_to_block_end(prog.global_block())
+        out = paddle._pir_ops.fetch(new_v, name, col)
+        out.persistable = True
+        fetches.append((t, name))
+    paddle.pir.set_insertion_point_to_block_end(paddle.static.default_main_program().global_block())
+
+    return SplitProgram(
+        programs=programs, num_chunks=num_chunks, split_backward=split_backward,
+        handoffs={h.name: h for h in handoffs.values()},
+        required_vars={t: frozenset(s) for t, s in required.items()},
+        fetches=fetches)

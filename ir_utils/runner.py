@@ -1,0 +1,174 @@
+"""Run split sub-programs as a ``core.Plan`` on Paddle's standalone executor (one process)."""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import paddle
+from paddle.base import core
+
+
+def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
+    """Non-persistable named values each sub-program reads or writes, minus the values whose
+    buffers it never reads (as Paddle's ``_set_skip_gc_vars_in_pir`` computes them)."""
+    no_need = core.get_no_need_buffer_values(programs) if programs else {}
+    out = {}
+    for t, prog in programs.items():
+        req, pers = set(), set()
+        blk = prog.global_block()
+        for name in blk.kwargs():
+            req.add(name)
+            if blk.kwargs()[name].persistable:
+                pers.add(name)
+        for op in blk.ops:
+            if op.name() == "builtin.shadow_output":
+                name = op.attrs()["output_name"]
+                req.add(name)
+                if op.operand_source(0).persistable:
+                    pers.add(name)
+            for v in list(op.operands_source()) + list(op.results()):
+                if v.has_name:
+                    req.add(v.name)
+                    if v.persistable:
+                        pers.add(v.name)
+        if t in no_need:
+            req -= set(no_need[t])
+        out[t] = req - pers
+    return out
+
+
+def _check_m(num_micro_batches):
+    if not isinstance(num_micro_batches, int) or isinstance(num_micro_batches, bool) \
+            or num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches must be an int >= 1, got {num_micro_batches!r}")
+
+
+def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.pir.Program"],
+              num_micro_batches: int) -> "core.Plan":
+    """``core.Plan`` running ``job_order`` ((job type, micro-batch id) pairs, in order).
+
+    Skip-gc sets: walking the order backwards per micro-batch, a job keeps (does not free) the
+    non-persistable values that a later job of the same micro-batch still reads."""
+    _check_m(num_micro_batches)
+    job_order = list(job_order)
+    if not job_order:
+        raise ValueError("job_order is empty")
+    for t, mb in job_order:
+        if t not in programs:
+            raise ValueError(f"job type {t!r} has no program (have {sorted(programs)})")
+        if not isinstance(mb, int) or not 0 <= mb < num_micro_batches:
+            raise ValueError(f"micro-batch id {mb!r} of {t} not in [0, {num_micro_batches})")
+    used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
+    required = required_vars_of(used)
+    jobs = []
+    for t, mb in job_order:
+        job = core.Job(t)
+        job.set_micro_batch_id(mb)
+        jobs.append(job)
+    later = [set() for _ in range(num_micro_batches)]
+    for job in reversed(jobs):
+        mb = job.micro_batch_id()
+        req = required[job.type()]
+        job.set_skip_gc_vars(req & later[mb])
+        later[mb] |= req
+    return core.Plan(jobs, used)
+
+
+def fthenb_order(num_chunks: int, num_micro_batches: int, split_backward: bool = False
+                 ) -> List[Tuple[str, int]]:
+    """All forwards (stage order) per micro-batch, then all backwards (reverse stage order)
+    per micro-batch, then the optimizer (micro-batch 0)."""
+    _check_m(num_micro_batches)
+    order = []
+    for mb in range(num_micro_batches):
+        for c in range(num_chunks):
+            order += [(f"recv_forward{c}", mb), (f"forward{c}", mb), (f"send_forward{c}", mb)]
+    for mb in range(num_micro_batches):
+        for c in reversed(range(num_chunks)):
+            order.append((f"recv_backward{c}", mb))
+            if split_backward:
+                order += [(f"backward_b{c}", mb), (f"backward_w{c}", mb)]
+            else:
+                order.append((f"backward{c}", mb))
+            order.append((f"send_backward{c}", mb))
+    order.append(("optimizer", 0))
+    return order
+
+
+def _as_tensor(array, place):
+    t = core.DenseTensor()
+    t.set(np.ascontiguousarray(array), place)
+    return t
+
+
+def run_plan(plan, scope, feed: Dict[str, np.ndarray], place=None) -> List[np.float32]:
+    """Run one step of ``plan`` on the FULL batch ``feed`` (the executor cuts dim 0 into
+    ``plan.micro_batch_num()`` pieces); returns the fetched values, one per micro-batch
+    (for a single fetch such as the loss: per-micro-batch losses as ``np.float32``; with
+    several fetches a list per fetch column)."""
+    place = place if place is not None else paddle.CPUPlace()
+    m = plan.micro_batch_num()
+    _check_m(m)
+    for name, arr in feed.items():
+        arr = np.asarray(arr)
+        if arr.ndim == 0 or arr.shape[0] % m:
+            raise ValueError(f"feed {name!r}: batch dimension {arr.shape[:1]} is not divisible "
+                             f"by num_micro_batches={m}")
+    for name, arr in feed.items():
+        core.set_feed_variable(scope, _as_tensor(arr, place), name, 0)
+    exe = paddle.base.executor._StandaloneExecutor(place, plan, scope)
+    out = exe.run(list(feed))
+    del exe
+    per_fetch = []
+    for x in out:
+        arr = np.asarray(x)
+        arr = arr.reshape(m, -1) if arr.size % m == 0 else arr
+        per_fetch.append([np.float32(r[0]) if r.size == 1 else r for r in arr])
+    if len(per_fetch) == 1:
+        return per_fetch[0]
+    return per_fetch
+
+
+def read_params(scope, names: Iterable[str]) -> Dict[str, np.ndarray]:
+    return {n: np.array(scope.find_var(n).get_tensor()) for n in names}
+
+
+def run_unsplit_baseline(model, steps: int, num_micro_batches: int, place=None):
+    """Train ``model`` unsplit for ``steps`` full-batch steps (batch ``model.make_batch(step)``).
+    Returns (losses[step][micro_batch] computed by the forward-only program on each
+    micro-batch before the update, final params dict)."""
+    _check_m(num_micro_batches)
+    if model.batch_size % num_micro_batches:
+        raise ValueError(f"batch_size ({model.batch_size}) must be divisible by "
+                         f"num_micro_batches ({num_micro_batches})")
+    place = place if place is not None else paddle.CPUPlace()
+    exe = paddle.static.Executor(place)
+    scope = paddle.static.Scope()
+    losses = []
+    with paddle.static.scope_guard(scope):
+        exe.run(model.startup)
+        for step in range(steps):
+            batch = model.make_batch(step)
+            mb = model.batch_size // num_micro_batches
+            row = []
+            for j in range(num_micro_batches):
+                part = {k: v[j * mb:(j + 1) * mb] for k, v in batch.items()}
+                (l,) = exe.run(model.forward_program, feed=part, fetch_list=[model.forward_loss])
+                row.append(np.float32(l))
+            losses.append(row)
+            exe.run(model.main, feed=batch, fetch_list=[model.main_loss])
+        params = read_params(scope, model.param_names)
+    return losses, params
+
+
+def init_scope(model, split=None, place=None):
+    """A new scope with the model's startup program run and ``split``'s accumulators zeroed."""
+    place = place if place is not None else paddle.CPUPlace()
+    scope = paddle.static.Scope()
+    exe = paddle.static.Executor(place)
+    with paddle.static.scope_guard(scope):
+        exe.run(model.startup)
+    if split is not None:
+        split.init_scope(scope, place)
+    return scope

@@ -1,0 +1,80 @@
+"""Pass attributes, checked once: every bad value is a ValueError / TypeError naming it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pipesplit.job_list.placement import check_positive_int
+from pipesplit.job_list.registry import get_spec
+from pipesplit.job_list.simulate import Costs
+
+#: Attributes Paddle's own pipeline passes take, plus pipesplit's.
+KNOWN_ATTRS = {
+    "num_micro_batches": "micro-batches per step (the executor splits the batch into this many)",
+    "pp_degree": "pipeline ranks",
+    "pp_stage": "this process's rank; None emulates every rank in one process",
+    "vpp_degree": "chunks (virtual stages) per rank",
+    "split_backward": "split each backward into backward_b and backward_w",
+    "grad_accumulation": "'avg' (default, matches a mean loss) or 'sum' over micro-batches",
+    "costs": "pipesplit.job_list.Costs or a dict, for the simulator and the auto schedule",
+    "memory_limit": "peak activation memory per rank for the auto schedule (simulator units)",
+    "enable_backward_forward_overlap": "accepted for compatibility with Paddle's 1F1B; ignored",
+}
+ACCUMULATION_MODES = ("avg", "sum")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    schedule: str
+    num_micro_batches: int
+    pp_degree: int = 1
+    vpp_degree: int = 1
+    pp_stage: Optional[int] = None
+    split_backward: bool = False
+    grad_accumulation: str = "avg"
+    costs: Optional[Costs] = None
+    memory_limit: Optional[float] = None
+    schedule_options: dict = field(default_factory=dict)
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp_degree * self.vpp_degree
+
+    @property
+    def splits_backward(self) -> bool:
+        """True when the sub-programs need backward_b / backward_w (asked for or implied)."""
+        return self.split_backward or get_spec(self.schedule).splits_backward
+
+    @classmethod
+    def from_attrs(cls, schedule: str, attrs: dict) -> "PipelineConfig":
+        if not isinstance(attrs, dict):
+            raise TypeError(f"pass attrs must be a dict, got {type(attrs).__name__}")
+        unknown = sorted(set(attrs) - set(KNOWN_ATTRS))
+        if unknown:
+            raise ValueError(f"unknown pass attrs {unknown}; known: {sorted(KNOWN_ATTRS)}")
+        spec = get_spec(schedule)  # ValueError for unknown names
+        if "num_micro_batches" not in attrs:
+            raise ValueError("pass attr num_micro_batches is required (micro-batches per step)")
+        m = check_positive_int("num_micro_batches", attrs["num_micro_batches"])
+        pp = check_positive_int("pp_degree", attrs.get("pp_degree", 1))
+        vpp = check_positive_int("vpp_degree", attrs.get("vpp_degree", 1))
+        stage = attrs.get("pp_stage")
+        if stage is not None:
+            check_positive_int("pp_stage", stage, minimum=0)
+            if stage >= pp:
+                raise ValueError(f"pp_stage must be < pp_degree ({pp}), got {stage}")
+        split = attrs.get("split_backward", False)
+        if not isinstance(split, bool):
+            raise TypeError(f"split_backward must be a bool, got {type(split).__name__}")
+        mode = attrs.get("grad_accumulation", "avg")
+        if mode not in ACCUMULATION_MODES:
+            raise ValueError(f"grad_accumulation must be one of {ACCUMULATION_MODES}, got {mode!r}")
+        costs = attrs.get("costs")
+        if isinstance(costs, dict):
+            costs = Costs.from_dict(costs)
+        if costs is not None and not isinstance(costs, Costs):
+            raise TypeError(f"costs must be a Costs or a dict, got {type(costs).__name__}")
+        limit = attrs.get("memory_limit")
+        if limit is not None and (not isinstance(limit, (int, float)) or limit <= 0):
+            raise ValueError(f"memory_limit must be a number > 0, got {limit!r}")
+        return cls(spec.name, m, pp, vpp, stage, split, mode, costs, limit)

@@ -1,0 +1,176 @@
+"""Simulated comparison of every registered schedule over a grid of configurations.
+
+    python -m pipesplit.tools.bench_schedules [--json PATH] [--schedules 1F1B,VPP,...]
+                                              [--pp 2,4,8] [--vpp 1,2,4] [--validate]
+
+Grid: pp in {2, 4, 8}, vpp in {1, 2, 4}, m in {pp, pp+1, 2pp, 2pp+2, 4pp}, and three cost models
+``tF,tB,tI,tW[,comm]``: 1,2,1,1 / 1,1,.5,.5 / 1,2,1,1 with comm 0.1.  Schedules that split the
+backward themselves (``spec.splits_backward``, the W-filling zero-bubble family) run split;
+classic ones run as they are.  Per row: makespan, makespan / lower bound, bubble ratio and peak
+activation memory (max over ranks), beside the closed form ``(m*v + p - 1)(tF + tB)``
+(GPipe / 1F1B for v = 1, interleaved for v > 1; communication-free) and
+:func:`~pipesplit.job_list.simulate.lower_bound`.  Ends with the best schedule per configuration.
+Pure Python (no paddle); the full grid runs in well under two minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+COST_MODELS = (
+    ("1,2,1,1", (1.0, 2.0, 1.0, 1.0), 0.0),
+    ("1,1,.5,.5", (1.0, 1.0, 0.5, 0.5), 0.0),
+    ("1,2,1,1 c=.1", (1.0, 2.0, 1.0, 1.0), 0.1),
+)
+PP_VALUES = (2, 4, 8)
+VPP_VALUES = (1, 2, 4)
+
+
+def m_values(pp: int) -> List[int]:
+    return [pp, pp + 1, 2 * pp, 2 * pp + 2, 4 * pp]
+
+
+def closed_form(pp: int, vpp: int, m: int, t_f: float, t_b: float) -> float:
+    """(m*v + p - 1)(tF + tB): GPipe / 1F1B makespan for v = 1, interleaved 1F1B for v > 1."""
+    return (m * vpp + pp - 1) * (t_f + t_b)
+
+
+def run(schedules: Optional[Sequence[str]] = None, pps: Sequence[int] = PP_VALUES,
+        vpps: Sequence[int] = VPP_VALUES, validate_each: bool = False) -> List[dict]:
+    """One dict per (config, schedule); refused configs carry ``error`` instead of numbers."""
+    from pipesplit.job_list import build_schedule, get_spec, schedule_names
+    from pipesplit.job_list.simulate import Costs, lower_bound, simulate
+    from pipesplit.job_list.validate import validate
+    from pipesplit.tools.cli import accepts, load_schedules
+
+    load_schedules()
+    names = [get_spec(n).name for n in schedules] if schedules else schedule_names()
+    rows = []
+    for pp in pps:
+        for vpp in vpps:
+            for m in m_values(pp):
+                for cost_name, (t_f, t_b, t_i, t_w), comm in COST_MODELS:
+                    costs = Costs(t_f, t_b, t_i, t_w, comm=comm)
+                    bound = lower_bound(pp, vpp, m, costs)
+                    closed = closed_form(pp, vpp, m, t_f, t_b)
+                    for name in names:
+                        spec = get_spec(name)
+                        row = {"pp": pp, "vpp": vpp, "m": m, "cost": cost_name, "comm": comm,
+                               "schedule": spec.name, "split_backward": spec.splits_backward,
+                               "lower_bound": bound, "closed_form": closed}
+                        options = {"costs": costs} if accepts(spec.generator, "costs") else {}
+                        try:
+                            schedule = build_schedule(spec.name, pp, vpp, m,
+                                                      split_backward=spec.splits_backward,
+                                                      **options)
+                            if validate_each:
+                                validate(schedule)
+                            sim = simulate(schedule, costs)
+                        except ValueError as exc:  # the config is not served (or deadlocks)
+                            row["error"] = " ".join(str(exc).split())
+                            rows.append(row)
+                            continue
+                        row.update(makespan=sim.makespan, ratio=sim.makespan / bound,
+                                   bubble=sim.bubble_ratio, peak_memory=sim.max_peak_memory)
+                        rows.append(row)
+    return rows
+
+
+def best_per_config(rows: Sequence[dict]) -> List[dict]:
+    """The fastest schedule per (pp, vpp, m, cost); ties go to the lower peak memory."""
+    best: Dict[tuple, dict] = {}
+    for row in rows:
+        if "error" in row:
+            continue
+        key = (row["pp"], row["vpp"], row["m"], row["cost"])
+        rank = (round(row["makespan"], 9), row["peak_memory"])
+        if key not in best or rank < (round(best[key]["makespan"], 9), best[key]["peak_memory"]):
+            best[key] = row
+    return list(best.values())
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for k, row in enumerate(rows):
+        out.append("  ".join(c.ljust(w) if i in (3, 4) or c.startswith("refused") else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def report(rows: Sequence[dict]) -> str:
+    g = "{:.4g}".format
+    lines = [("pp", "vpp", "m", "cost", "schedule", "makespan", "/LB", "bubble", "peak mem",
+              "closed", "LB")]
+    for r in rows:
+        head = (str(r["pp"]), str(r["vpp"]), str(r["m"]), r["cost"],
+                r["schedule"] + (" (split)" if r["split_backward"] else ""))
+        if "error" in r:
+            reason = r["error"] if len(r["error"]) <= 60 else r["error"][:57] + "..."
+            lines.append(head + (f"refused: {reason}", "", "", "", "", ""))
+            continue
+        lines.append(head + (g(r["makespan"]), f"{r['ratio']:.3f}", f"{r['bubble']:.1%}",
+                             g(r["peak_memory"]), g(r["closed_form"]), g(r["lower_bound"])))
+    best = best_per_config(rows)
+    summary = [("pp", "vpp", "m", "cost", "best", "makespan", "/LB", "bubble", "peak mem")]
+    for r in best:
+        summary.append((str(r["pp"]), str(r["vpp"]), str(r["m"]), r["cost"], r["schedule"],
+                        g(r["makespan"]), f"{r['ratio']:.3f}", f"{r['bubble']:.1%}",
+                        g(r["peak_memory"])))
+    wins: Dict[str, int] = {}
+    for r in best:
+        wins[r["schedule"]] = wins.get(r["schedule"], 0) + 1
+    return "\n".join([
+        "All schedules (closed = (m*v+p-1)(tF+tB), GPipe/1F1B for v=1, interleaved for v>1; "
+        "LB = simulate.lower_bound)",
+        _table(lines), "",
+        "Best schedule per configuration (ties: lower peak memory)",
+        _table(summary), "",
+        "wins: " + ", ".join(f"{n} {k}" for n, k in sorted(wins.items(), key=lambda x: -x[1])),
+    ])
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected ints >= 1, got {text!r}")
+    return values
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipesplit.tools.bench_schedules",
+                                     description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--json", metavar="PATH", help="also write every row as JSON")
+    parser.add_argument("--schedules", nargs="+", metavar="NAME",
+                        help="schedule names (space- or comma-separated; default: all registered)")
+    parser.add_argument("--pp", type=_int_list, default=list(PP_VALUES), help="default 2,4,8")
+    parser.add_argument("--vpp", type=_int_list, default=list(VPP_VALUES), help="default 1,2,4")
+    parser.add_argument("--validate", action="store_true", help="also validate every schedule")
+    args = parser.parse_args(argv)
+    names = [n for item in args.schedules or [] for n in item.split(",") if n.strip()] or None
+    started = time.perf_counter()
+    try:
+        rows = run(names, args.pp, args.vpp, args.validate)
+    except ValueError as exc:  # unknown schedule name
+        print(f"bench_schedules: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(report(rows))
+    print(f"\n{len(rows)} rows in {time.perf_counter() - started:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cost_models": [{"name": n, "tF": c[0], "tB": c[1], "tI": c[2], "tW": c[3],
+                                        "comm": comm} for n, c, comm in COST_MODELS],
+                       "rows": rows, "best": best_per_config(rows)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
