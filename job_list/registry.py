@@ -7,6 +7,7 @@ result in a :class:`Schedule`.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -66,6 +67,15 @@ def get_spec(name: str) -> ScheduleSpec:
     return _REGISTRY[canonical]
 
 
+def accepted_options(name: str, options: dict) -> dict:
+    """The subset of ``options`` that schedule ``name``'s generator takes (e.g. only ``auto``
+    takes ``costs`` and ``memory_limit``)."""
+    parameters = inspect.signature(get_spec(name).generator).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        return dict(options)
+    return {key: value for key, value in options.items() if key in parameters}
+
+
 def split_backward_jobs(ranks: Sequence[Sequence[Job]]) -> List[List[Job]]:
     """Replace every full backward by backward_b immediately followed by backward_w."""
     out = []
@@ -95,6 +105,9 @@ def build_schedule(name: str, pp: int, vpp: int = 1, m: int = 1, *, split_backwa
     check_positive_int("m", m)
     if not isinstance(split_backward, bool):
         raise TypeError(f"split_backward must be a bool, got {type(split_backward).__name__}")
+    ignored = sorted(set(options) - set(accepted_options(spec.name, options)))
+    if ignored:
+        raise TypeError(f"schedule {spec.name!r} takes no option(s) {ignored}")
     ranks = spec.generator(pp, vpp, m, **options)
     if split_backward and not spec.splits_backward:
         ranks = split_backward_jobs(ranks)
