@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 from .deps import DependencyGraph, job_key
 from .ir import (FORWARD, OPTIMIZER, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
                  Job, Schedule)
-from .simulate import Costs, simulate
+from .simulate import Costs, SimResult, simulate
 
 RankJob = Tuple[int, Job]
 Slot = Tuple[int, int]  # (rank, index in that rank's compute list)
@@ -53,13 +53,15 @@ def peer_of(schedule: Schedule, rank: int, job: Job) -> int:
     return schedule.placement.rank_of(peer_stage)
 
 
-def lower_comm(schedule: Schedule, costs: Optional[Costs] = None) -> Schedule:
+def lower_comm(schedule: Schedule, costs: Optional[Costs] = None, *,
+               timing: Optional[SimResult] = None) -> Schedule:
     """A lowered copy of ``schedule`` with send / recv jobs for every cross-rank dependency.
 
-    ``costs`` only steer where the pairs go (through the simulated start times); any costs give
-    a deadlock-free result.  A lowered input is re-lowered from its compute jobs.
+    ``costs`` only steer where the pairs go (through the simulated times); any costs give a
+    deadlock-free result.  ``timing``, a ``simulate(schedule, costs)`` result the caller already
+    has, saves simulating again.  A lowered input is re-lowered from its compute jobs.
     """
-    ranks, _ = _lower(schedule, costs)
+    ranks, _ = _lower(schedule, costs, timing)
     return schedule.with_ranks(ranks, lowered=True)
 
 
@@ -77,12 +79,14 @@ def global_order(schedule: Schedule, costs: Optional[Costs] = None) -> List[Rank
 
 # --------------------------------------------------------------------------- pieces
 
-def _lower(schedule: Schedule, costs: Optional[Costs]) -> Tuple[List[List[Job]], List[RankJob]]:
+def _lower(schedule: Schedule, costs: Optional[Costs],
+           timing: Optional[SimResult] = None) -> Tuple[List[List[Job]], List[RankJob]]:
     """(per-rank lowered lists, merged global sequence)."""
     compute = schedule.with_ranks([[j for j in jobs if j.is_compute] for jobs in schedule.ranks],
                                   lowered=False)
     graph = DependencyGraph(compute)
-    timing = simulate(compute, costs)  # raises ScheduleError if the compute order deadlocks
+    if timing is None or timing.schedule.ranks != compute.ranks:
+        timing = simulate(compute, costs)  # raises ScheduleError if the compute order deadlocks
     span = {(t.rank, t.index): (t.start, t.end) for row in timing.timeline for t in row}
     events = _comm_pairs(compute, graph, span)
     pending: Dict[Slot, int] = {}          # consumer -> its comm pairs not yet emitted
