@@ -43,7 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
 from .placement import LOOPED, V_SHAPE, Placement, check_positive_int
 from .registry import build_schedule, get_spec, register_schedule, schedule_names
-from .simulate import Costs, simulate
+from .simulate import Costs, lower_bound, simulate
 
 F, I, W = 0, 1, 2
 KIND_NAMES = (FORWARD, BACKWARD_B, BACKWARD_W)
@@ -51,6 +51,8 @@ MEMORY_DELTA = (1.0, -0.5, -0.5)
 EPS = 1e-9
 INF = float("inf")
 AUTO_NAMES = ("auto", "autoV")
+#: how many of the best distinct candidates the local search starts from
+LOCAL_SEARCH_SEEDS = 3
 
 
 # --------------------------------------------------------------------------- search context
@@ -115,8 +117,10 @@ class SearchContext:
         return [[self.id(index[j.kind], self.placement.stage(r, j.chunk), j.micro_batch)
                  for j in jobs if j.is_compute] for r, jobs in enumerate(schedule.ranks)]
 
-    def simulate(self, orders: Sequence[Sequence[int]]) -> Optional[Tuple[float, float]]:
-        """(makespan, max per-rank peak) of ``orders``, or None if they deadlock.
+    def simulate(self, orders: Sequence[Sequence[int]], starts: Optional[List[float]] = None
+                 ) -> Optional[Tuple[float, float, float]]:
+        """(makespan, max per-rank peak, sum of rank finish times) of ``orders``; None if they
+        deadlock.  ``starts`` (a list of N floats), when given, receives each job's start.
 
         Same timing as :func:`simulate.simulate`; the peak is the running level after each job
         in list order, never below the simulator's (which frees first on equal end times).
@@ -136,6 +140,7 @@ class SearchContext:
                 n = len(order)
                 while h < n:
                     j = order[h]
+                    st = t
                     ok = True
                     for d in deps[j]:
                         e = end[d]
@@ -144,11 +149,13 @@ class SearchContext:
                             break
                         if rank_of[d] != r:
                             e += comm
-                        if e > t:
-                            t = e
+                        if e > st:
+                            st = e
                     if not ok:
                         break
-                    t += cost[j]
+                    if starts is not None:
+                        starts[j] = st
+                    t = st + cost[j]
                     end[j] = t
                     lv += MEMORY_DELTA[kind_of[j]]
                     if lv > peak:
@@ -160,7 +167,7 @@ class SearchContext:
                     progressed = True
             if not progressed:
                 return None
-        return max(clock), peak
+        return max(clock), peak, sum(clock)
 
 
 # --------------------------------------------------------------------------- greedy
@@ -169,14 +176,17 @@ class SearchContext:
 class GreedyPolicy:
     """How a free rank picks among its ready jobs.
 
-    ``order``: kind preference, e.g. "IFW" (I, else F, else W) or "FIW".
+    ``warmup``: None = free choice by ``order``; a tuple (one count per rank) = 1F1B discipline:
+    that many F's first, then F and I alternate (the expected one is waited for, W's fill the
+    wait; with ``strict=False`` the other kind runs if it is ready before the expected one).
+    ``order``: kind preference of the free choice, "IFW" (I, else F, else W) or "FIW".
     ``f_key`` / ``i_key``: which stage first among ready F's / I's: "deep" (highest stage, i.e.
     finish a micro-batch) or "shallow" (lowest stage, i.e. fill the pipeline) — micro-batches of
     one stage always run in order.
     ``hold``: lookahead; a rank about to start an F or W waits instead for an I that becomes
     ready within ``hold`` times that job's cost (0 = never wait).
-    ``w_fill``: 1 = a W runs whenever nothing else is ready; 0 = a W runs only when it fits
-    before the next F / I is ready or memory blocks every F (otherwise W's wait for the end).
+    ``w_fill``: 1 = a W runs whenever the wanted job is not ready; 0 = only when it ends before
+    the wanted job is ready (otherwise W's wait for the end, or for memory pressure).
     ``w_first_at``: run W's before F's once the level is within this many units of the cap.
     ``admit``: when a rank may start a new micro-batch (its first forward there): "reserve" only
     when all forwards of every started micro-batch still fit (never deadlocks); "soft" when
@@ -192,15 +202,24 @@ class GreedyPolicy:
     w_first_at: float = 0.0
     admit: str = "soft"
     cap_drop: float = 0.0
+    warmup: Optional[Tuple[int, ...]] = None
+    strict: bool = True
 
     def label(self) -> str:
-        return (f"greedy[{self.order},F:{self.f_key},I:{self.i_key},hold={self.hold},"
+        head = "free" if self.warmup is None else \
+            f"1f1b(warmup={','.join(map(str, self.warmup))},strict={int(self.strict)})"
+        return (f"greedy[{head},{self.order},F:{self.f_key},I:{self.i_key},hold={self.hold},"
                 f"wfill={self.w_fill},wfirst={self.w_first_at},admit={self.admit},"
                 f"cap-{self.cap_drop}]")
 
 
 def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Optional[List[List[int]]]:
-    """Per-rank job-id orders built by list scheduling under ``policy``; None on a deadlock."""
+    """Per-rank job-id orders built by list scheduling under ``policy``; None on a deadlock.
+
+    Each round every rank states its next action (job and start time) under the policy; the
+    earliest one is committed.  Nothing committed later can start before it, so the orders are
+    an actual execution: valid and deadlock-free by construction.
+    """
     pp, vpp, m, S = ctx.pp, ctx.vpp, ctx.m, ctx.S
     cap = max(float(vpp), limit - policy.cap_drop) + EPS
     comm, cost, rank_of = ctx.comm, ctx.cost, ctx.rank_of
@@ -211,6 +230,10 @@ def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Opt
     clock = [0.0] * pp
     level = [0.0] * pp
     reserve = [0] * pp                # forwards still owed to started micro-batches
+    fdone = [0] * pp
+    idone = [0] * pp
+    last = [I] * pp                   # last of F / I run (alternation)
+    per_rank = vpp * m
     wq: List[List[Tuple[int, int]]] = [[] for _ in range(pp)]   # pending W (stage, mb), FIFO
     whead = [0] * pp
     orders: List[List[int]] = [[] for _ in range(pp)]
@@ -220,6 +243,7 @@ def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Opt
     i_deep = policy.i_key == "deep"
     prefer_f = policy.order.index("F") < policy.order.index("I")
     w_before_f = policy.order.index("W") < policy.order.index("F")
+    warmup = policy.warmup
 
     def f_ready(s: int) -> float:
         mb = nf[s]
@@ -259,22 +283,107 @@ def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Opt
                 return level[r] + vpp <= cap
         return True
 
-    def candidates(r: int):
-        """(best F stage, its ready time), (best I stage, ready), over the rank's stages."""
-        fb = ib = None
-        ft = it = INF
+    def pick(r: int, kind: int):
+        """(stage, ready time) of the best F / I of rank r (F: admissible only)."""
+        best_s, best_t = -1, INF
+        deep = f_deep if kind == F else i_deep
         for s in ctx.stages_of[r]:
-            t = i_ready(s)
-            if t < INF and (ib is None or t < it - EPS or (abs(t - it) <= EPS and (s > ib) == i_deep)):
-                ib, it = s, t
-            t = f_ready(s)
-            if t < INF and f_allowed(r, s) and (
-                    fb is None or t < ft - EPS or (abs(t - ft) <= EPS and (s > fb) == f_deep)):
-                fb, ft = s, t
-        return fb, ft, ib, it
+            if kind == F:
+                t = f_ready(s)
+                if t == INF or not f_allowed(r, s):
+                    continue
+            else:
+                t = i_ready(s)
+                if t == INF:
+                    continue
+            if best_s < 0 or t < best_t - EPS or (abs(t - best_t) <= EPS and (s > best_s) == deep):
+                best_s, best_t = s, t
+        return best_s, best_t
 
-    def commit(r: int, kind: int, s: int, mb: int, start: float) -> None:
-        nonlocal remaining
+    def decide(r: int):
+        """(start time, kind, stage) of rank r's next job, or None if it must wait for others."""
+        t0 = clock[r]
+        fs, ft = pick(r, F)
+        is_, it = pick(r, I)
+        has_w = whead[r] < len(wq[r])
+        w_cost = cost[W][wq[r][whead[r]][0]] if has_w else 0.0
+        f_now, i_now = ft <= t0 + EPS, it <= t0 + EPS
+        memory_tight = has_w and level[r] + 1.0 > cap - policy.w_first_at
+        if warmup is not None:
+            if fdone[r] >= per_rank:
+                want = I
+            elif idone[r] >= per_rank or fdone[r] < warmup[r]:
+                want = F
+            else:
+                want = F if last[r] == I else I
+            if want == F and fs < 0 and fdone[r] < per_rank and level[r] + 1.0 > cap:
+                want = I  # memory blocks the F: run an I (or W) instead
+            wt = ft if want == F else it
+            ws = fs if want == F else is_
+            if wt <= t0 + EPS:
+                if want == F and memory_tight:
+                    return t0, W, -1
+                return t0, want, ws
+            other_t, other_s = (it, is_) if want == F else (ft, fs)
+            if has_w and (policy.w_fill or wt == INF or wt >= t0 + w_cost - EPS):
+                if policy.strict or other_t > t0 + EPS:
+                    return t0, W, -1
+            if not policy.strict and other_t < wt:
+                return max(t0, other_t), (I if want == F else F), other_s
+            if wt < INF:
+                return wt, want, ws
+            if has_w:
+                return t0, W, -1
+            return None
+        # free choice
+        if i_now and f_now:
+            choice = F if prefer_f else I
+        elif i_now:
+            choice = I
+        elif f_now:
+            choice = F
+        else:
+            choice = None
+        if choice == F and (w_before_f and has_w or memory_tight):
+            choice = W
+        if choice is None:
+            nxt = min(ft, it)
+            if has_w and (policy.w_fill or nxt == INF or nxt >= t0 + w_cost - EPS
+                          or (fs < 0 and level[r] + 1.0 > cap)):
+                return t0, W, -1
+            if nxt == INF:
+                return None
+            kind = I if it <= ft and not (prefer_f and ft <= it + EPS) else F
+            return nxt, kind, (is_ if kind == I else fs)
+        if policy.hold and choice != I and is_ >= 0 and t0 < it:
+            c = cost[F][fs] if choice == F else w_cost
+            if it < t0 + c - EPS and it - t0 <= policy.hold * c:
+                return it, I, is_
+        return t0, choice, (is_ if choice == I else fs if choice == F else -1)
+
+    while remaining:
+        best_r, best = -1, None
+        for r in range(pp):
+            action = decide(r)
+            if action is not None and (best is None or action[0] < best[0] - EPS):
+                best_r, best = r, action
+        if best is None:
+            return None
+        r = best_r
+        start, kind, s = best
+        if kind == W:
+            s, mb = wq[r][whead[r]]
+            whead[r] += 1
+        elif kind == F:
+            mb = nf[s]
+            nf[s] += 1
+            fdone[r] += 1
+            last[r] = F
+        else:
+            mb = ni[s]
+            ni[s] += 1
+            idone[r] += 1
+            last[r] = I
         end = start + cost[kind][s]
         clock[r] = end
         level[r] += MEMORY_DELTA[kind]
@@ -282,68 +391,28 @@ def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Opt
         remaining -= 1
         if kind == F:
             endF[s][mb] = end
-            nf[s] += 1
             if policy.admit == "reserve":
                 reserve[r] += (vpp - 1) if s == first_stage[r] else -1
         elif kind == I:
             endI[s][mb] = end
-            ni[s] += 1
             wq[r].append((s, mb))
-
-    # cached earliest start per rank; recomputed when the rank or a neighbour stage changes
-    while remaining:
-        best_r, best = -1, None
-        best_t = INF
-        for r in range(pp):
-            fb, ft, ib, it = candidates(r)
-            has_w = whead[r] < len(wq[r])
-            t = min(ft, it)
-            if has_w:
-                t = clock[r]
-            t = max(t, clock[r])
-            if t < best_t - EPS:
-                best_r, best_t, best = r, t, (fb, ft, ib, it, has_w)
-        if best_r < 0:
-            return None
-        r, t = best_r, best_t
-        fb, ft, ib, it, has_w = best
-        i_now = ib is not None and it <= t + EPS
-        f_now = fb is not None and ft <= t + EPS
-        choice = None
-        if i_now and f_now:
-            choice = F if prefer_f else I
-        elif i_now:
-            choice = I
-        elif f_now:
-            choice = F
-        if choice == F and has_w and (w_before_f or level[r] + 1.0 > cap - policy.w_first_at):
-            choice = W
-        if choice is None:
-            # only W's are ready now
-            nxt = min(ft, it)
-            if policy.w_fill or nxt == INF or nxt >= t + cost[W][wq[r][whead[r]][0]] - EPS \
-                    or (fb is None and ft == INF and level[r] + 1.0 > cap):
-                choice = W
-            else:
-                clock[r] = nxt
-                continue
-        if policy.hold and choice != I and ib is not None and t < it < INF:
-            c = cost[choice][fb if choice == F else wq[r][whead[r]][0]]
-            if it < t + c - EPS and it - t <= policy.hold * c:
-                clock[r] = it
-                continue
-        if choice == I:
-            commit(r, I, ib, ni[ib], t)
-        elif choice == F:
-            commit(r, F, fb, nf[fb], t)
-        else:
-            s, mb = wq[r][whead[r]]
-            whead[r] += 1
-            commit(r, W, s, mb, t)
     return orders
 
 
-def default_policies() -> List[GreedyPolicy]:
+def warmup_vectors(pp: int, vpp: int, m: int) -> List[Tuple[int, ...]]:
+    """1F1B-discipline warm-up counts tried: ``a + b*(pp-1-r)`` forwards on rank r."""
+    fill = (vpp - 1) * min(m, pp)
+    total = vpp * m
+    out = []
+    for b in (1, 2):
+        for a in (fill, fill + 1, fill + 2, fill + pp // 2):
+            vec = tuple(min(total, a + b * (pp - 1 - r)) for r in range(pp))
+            if vec not in out:
+                out.append(vec)
+    return out
+
+
+def default_policies(pp: int = 1, vpp: int = 1, m: int = 1) -> List[GreedyPolicy]:
     """The policy variants the search tries (order fixed, so results are reproducible)."""
     base = [
         GreedyPolicy(),
@@ -360,105 +429,86 @@ def default_policies() -> List[GreedyPolicy]:
         GreedyPolicy(hold=0.5, f_key="shallow", w_fill=0),
     ]
     variants = list(base)
-    for drop in (1.0, 2.0):
-        variants += [replace(p, cap_drop=drop) for p in base[:6]]
-    variants += [replace(p, admit="free") for p in base[:4]]
-    variants += [replace(p, admit="reserve") for p in base[:4]]
+    variants += [replace(p, cap_drop=1.0) for p in base[:4]]
+    variants += [replace(p, admit="free") for p in base[:2]]
+    variants += [replace(p, admit="reserve") for p in base[:2]]
+    for vec in warmup_vectors(pp, vpp, m):
+        for w_fill in (0,):
+            for strict in (True, False):
+                variants.append(GreedyPolicy(warmup=vec, w_fill=w_fill, strict=strict,
+                                             f_key="shallow", admit="free"))
     return variants
 
 
 # --------------------------------------------------------------------------- local search
 
-def improve(ctx: SearchContext, orders: List[List[int]], limit: float, makespan: float,
-            max_evals: Optional[int] = None) -> Tuple[List[List[int]], float]:
-    """Move W's into idle gaps / behind the jobs they delay while the makespan drops."""
+def improve(ctx: SearchContext, orders: List[List[int]], limit: float,
+            max_evals: Optional[int] = None, target: float = 0.0) -> Tuple[List[List[int]], float]:
+    """First-improvement local search on the per-rank orders.
+
+    Moves: a job that waited for its rank although its inputs were there swaps with the job
+    before it (this defers a W, or runs an I before an F); a later W moves into an idle gap of
+    its rank.  A move is kept when (makespan, sum of rank finish times) drops and the peak
+    still fits ``limit``.  At most ``max_evals`` simulations (default: scaled to the size).
+    """
     if max_evals is None:
-        max_evals = max(16, min(400, 300000 // max(1, ctx.N)))
+        max_evals = max(16, min(600, 150000 // max(1, ctx.N)))
+    starts = [0.0] * ctx.N
+    result = ctx.simulate(orders, starts)
+    if result is None:
+        return orders, INF
+    best = (result[0], result[2])
     evals = 0
-    kind_of = ctx.kind_of
-    improved = True
-    while improved and evals < max_evals:
-        improved = False
-        for move in _candidate_moves(ctx, orders):
+    while evals < max_evals and best[0] > target + EPS:
+        accepted = False
+        for r, src, dst in _candidate_moves(ctx, orders, starts):
             if evals >= max_evals:
                 break
-            r, src, dst = move
-            trial = [list(o) for o in orders]
-            job = trial[r].pop(src)
-            trial[r].insert(dst if dst < src else dst - 1, job)
-            if not _local_order_ok(ctx, trial[r]):
-                continue
+            trial = list(orders[r])
+            job = trial.pop(src)
+            trial.insert(dst, job)
+            candidate = orders[:r] + [trial] + orders[r + 1:]
             evals += 1
-            result = ctx.simulate(trial)
-            if result is None:
+            new_starts = [0.0] * ctx.N
+            result = ctx.simulate(candidate, new_starts)
+            if result is None or result[1] > limit + EPS:
                 continue
-            span, peak = result
-            if span < makespan - EPS and peak <= limit + EPS:
-                orders, makespan, improved = trial, span, True
+            key = (result[0], result[2])
+            if key[0] < best[0] - EPS or (key[0] <= best[0] + EPS and key[1] < best[1] - EPS):
+                orders, starts, best, accepted = candidate, new_starts, key, True
                 break
-    return orders, makespan
+        if not accepted:
+            break
+    return orders, best[0]
 
 
-def _local_order_ok(ctx: SearchContext, order: Sequence[int]) -> bool:
-    seen = set()
-    for j in order:
-        for d in ctx.deps[j]:
-            if ctx.rank_of_job[d] == ctx.rank_of_job[j] and d not in seen and \
-                    ctx.kind_of[j] != F:
-                return False
-        seen.add(j)
-    return True
-
-
-def _candidate_moves(ctx: SearchContext, orders: List[List[int]]):
-    """(rank, from, to) moves: a later W into an idle gap; a W behind the job right after it."""
-    starts = _start_times(ctx, orders)
+def _candidate_moves(ctx: SearchContext, orders: List[List[int]], starts: List[float]):
+    """(rank, from, to) moves, most promising (largest wait or gap) first."""
+    deps, kind_of, cost, comm, rank_of = ctx.deps, ctx.kind_of, ctx.cost_of, ctx.comm, ctx.rank_of_job
     moves = []
     for r, order in enumerate(orders):
         prev_end = 0.0
+        position = {j: k for k, j in enumerate(order)}
         for k, j in enumerate(order):
             st = starts[j]
+            ready = 0.0
+            for d in deps[j]:
+                e = starts[d] + cost[d] + (comm if rank_of[d] != r else 0.0)
+                if e > ready:
+                    ready = e
+            if k > 0 and ready < st - EPS:
+                before = order[k - 1]
+                if before not in deps[j]:
+                    moves.append((st - ready, (r, k, k - 1)))
             if st > prev_end + EPS:
-                # idle gap before position k: bring the first later W whose I ran before k
-                done = set(order[:k])
                 for k2 in range(k + 1, len(order)):
                     j2 = order[k2]
-                    if ctx.kind_of[j2] == W and ctx.deps[j2][0] in done:
+                    if kind_of[j2] == W and position[deps[j2][0]] < k:
                         moves.append((st - prev_end, (r, k2, k)))
                         break
-            if ctx.kind_of[j] == W and k + 1 < len(order):
-                nxt = order[k + 1]
-                if ctx.kind_of[nxt] != W and abs(starts[nxt] - (st + ctx.cost_of[j])) <= EPS:
-                    moves.append((ctx.cost_of[j], (r, k, k + 2)))
-            prev_end = st + ctx.cost_of[j]
+            prev_end = st + cost[j]
     moves.sort(key=lambda item: -item[0])
     return [move for _, move in moves]
-
-
-def _start_times(ctx: SearchContext, orders) -> Dict[int, float]:
-    end: Dict[int, float] = {}
-    start: Dict[int, float] = {}
-    clock = [0.0] * ctx.pp
-    head = [0] * ctx.pp
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r, order in enumerate(orders):
-            while head[r] < len(order):
-                j = order[head[r]]
-                t = clock[r]
-                if any(d not in end for d in ctx.deps[j]):
-                    break
-                for d in ctx.deps[j]:
-                    t = max(t, end[d] + (ctx.comm if ctx.rank_of_job[d] != r else 0.0))
-                start[j] = t
-                end[j] = clock[r] = t + ctx.cost_of[j]
-                head[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            break
-    return start
 
 
 # --------------------------------------------------------------------------- the search
@@ -527,43 +577,51 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
         raise ValueError(f"memory_limit must be >= {least:g} (vpp={vpp} units: every valid schedule "
                          f"holds all vpp forwards of a micro-batch on each rank), got {memory_limit:g}")
     began = time.perf_counter()
-    best = None  # (makespan, peak, placement, source, ranks)
+    best = None  # (makespan, placement, source, job lists)
     baseline, baseline_span = None, INF
     tried: Dict[str, float] = {}
+    target = lower_bound(pp, vpp, m, costs)
     for placement in placements:
         ctx = SearchContext(pp, vpp, m, placement, costs)
+        pool = []  # (makespan, sum of finish times, source, orders) of every fitting candidate
         for name, schedule, span, peak in fixed_candidates(pp, vpp, m, placement, costs):
-            tried[f"fixed:{name}"] = span
+            tried[f"fixed:{name}@{placement}"] = span
             if peak <= memory_limit + EPS:
                 if span < baseline_span - EPS:
                     baseline, baseline_span = name, span
-                if best is None or span < best[0] - EPS:
-                    best = (span, peak, placement, f"fixed:{name}", schedule.ranks)
-        greedy_best = None
-        for policy in default_policies():
+                orders = ctx.from_schedule(schedule)
+                fast = ctx.simulate(orders)
+                pool.append((span, fast[2] if fast else INF, f"fixed:{name}", orders))
+        for policy in default_policies(pp, vpp, m):
             orders = greedy_orders(ctx, memory_limit, policy)
-            if orders is None:
+            result = None if orders is None else ctx.simulate(orders)
+            if result is None:
                 continue
-            result = ctx.simulate(orders)
-            if result is None:  # pragma: no cover - greedy orders are executions
-                continue
-            span, peak = result
+            span, peak, total = result
             tried[policy.label() + f"@{placement}"] = span
-            if peak <= memory_limit + EPS and (greedy_best is None or span < greedy_best[0] - EPS):
-                greedy_best = (span, peak, policy.label(), orders)
-        if greedy_best is not None:
-            span, peak, label, orders = greedy_best
-            if local_search:
-                orders, new_span = improve(ctx, orders, memory_limit, span)
+            if peak <= memory_limit + EPS:
+                pool.append((span, total, policy.label(), orders))
+        pool.sort(key=lambda item: (item[0], item[1]))
+        seen = set()
+        starts = []
+        for item in pool:  # the few best distinct orders seed the local search
+            key = tuple(map(tuple, item[3]))
+            if key not in seen:
+                seen.add(key)
+                starts.append(item)
+            if len(starts) == LOCAL_SEARCH_SEEDS:
+                break
+        for rank_in_pool, (span, _, source, orders) in enumerate(starts):
+            if local_search and span > target + EPS:
+                new_orders, new_span = improve(ctx, orders, memory_limit, target=target)
                 if new_span < span - EPS:
-                    span, label = new_span, label + "+local"
-            jobs = ctx.to_jobs(orders)
+                    orders, span, source = new_orders, new_span, source + "+local"
             if best is None or span < best[0] - EPS:
-                best = (span, peak, placement, label, jobs)
+                best = (span, placement, source, ctx.to_jobs(orders))
     if best is None:  # pragma: no cover - reserve policies always succeed for limit >= vpp
         raise ValueError(f"memory_limit {memory_limit:g} admits no schedule the search found "
                          f"for pp={pp}, vpp={vpp}, m={m}")
-    span, _, placement, source, ranks = best
+    span, placement, source, ranks = best
     schedule = Schedule(name="auto" if placement == LOOPED else "autoV", pp=pp, vpp=vpp, m=m,
                         placement=Placement(placement, pp, vpp), ranks=[list(j) for j in ranks],
                         split_backward=True,

@@ -1,5 +1,6 @@
 """The ``pipesplit`` command line and ``bench_schedules``."""
 import json
+import os
 import subprocess
 import sys
 import types
@@ -316,6 +317,8 @@ def test_bench_schedules_small_grid(tmp_path, capsys):
     assert bench_schedules.closed_form(4, 2, 8, 1, 2) == 57
 
 
+@pytest.mark.skipif(os.environ.get("PIPESPLIT_BENCH") != "1",
+                    reason="full benchmark grid (~1 min on 2 cores); set PIPESPLIT_BENCH=1")
 def test_bench_schedules_full_grid_under_two_minutes(tmp_path):
     import time
 

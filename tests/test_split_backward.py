@@ -363,7 +363,7 @@ def test_decompose_none_and_all():
     _assert_exact(ref, none, startup, feed)
 
     rep_all = split_backward(main, decompose="all")
-    # also the chunk-0-free attention matmul_grads and the residual add_grad
+    # "all" also splits the two attention matmul_grads and the residual add_grad
     assert rep_all.decomposed == {"pd_op.matmul_grad": 7, "pd_op.add_grad": 6}
     assert not any(op.name() in ("pd_op.matmul_grad", "pd_op.add_grad") for op in _bwd(main)
                    if op.chunk_id > 0)

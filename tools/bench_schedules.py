@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
@@ -38,45 +39,69 @@ def closed_form(pp: int, vpp: int, m: int, t_f: float, t_b: float) -> float:
     return (m * vpp + pp - 1) * (t_f + t_b)
 
 
-def run(schedules: Optional[Sequence[str]] = None, pps: Sequence[int] = PP_VALUES,
-        vpps: Sequence[int] = VPP_VALUES, validate_each: bool = False) -> List[dict]:
-    """One dict per (config, schedule); refused configs carry ``error`` instead of numbers."""
-    from pipesplit.job_list import build_schedule, get_spec, schedule_names
+def _config_rows(names: Sequence[str], pp: int, vpp: int, m: int,
+                 validate_each: bool) -> List[dict]:
+    """Rows of every schedule and cost model for one (pp, vpp, m); runs in a worker process."""
+    from pipesplit.job_list import build_schedule, get_spec
     from pipesplit.job_list.simulate import Costs, lower_bound, simulate
     from pipesplit.job_list.validate import validate
     from pipesplit.tools.cli import accepts, load_schedules
 
+    load_schedules()  # idempotent; needed when workers are spawned rather than forked
+    rows = []
+    for cost_name, (t_f, t_b, t_i, t_w), comm in COST_MODELS:
+        costs = Costs(t_f, t_b, t_i, t_w, comm=comm)
+        bound = lower_bound(pp, vpp, m, costs)
+        closed = closed_form(pp, vpp, m, t_f, t_b)
+        for name in names:
+            spec = get_spec(name)
+            row = {"pp": pp, "vpp": vpp, "m": m, "cost": cost_name, "comm": comm,
+                   "schedule": spec.name, "split_backward": spec.splits_backward,
+                   "lower_bound": bound, "closed_form": closed}
+            options = {"costs": costs} if accepts(spec.generator, "costs") else {}
+            started = time.perf_counter()
+            try:
+                schedule = build_schedule(spec.name, pp, vpp, m,
+                                          split_backward=spec.splits_backward, **options)
+                if validate_each:
+                    validate(schedule)
+                sim = simulate(schedule, costs)
+            except ValueError as exc:  # the config is not served (or deadlocks)
+                row["error"] = " ".join(str(exc).split())
+                rows.append(row)
+                continue
+            row.update(makespan=sim.makespan, ratio=sim.makespan / bound,
+                       bubble=sim.bubble_ratio, peak_memory=sim.max_peak_memory,
+                       seconds=time.perf_counter() - started)
+            rows.append(row)
+    return rows
+
+
+def run(schedules: Optional[Sequence[str]] = None, pps: Sequence[int] = PP_VALUES,
+        vpps: Sequence[int] = VPP_VALUES, validate_each: bool = False,
+        jobs: Optional[int] = None) -> List[dict]:
+    """One dict per (config, schedule); refused configs carry ``error`` instead of numbers.
+
+    ``jobs`` worker processes share the configurations (default: the CPU count, at most 8;
+    1 runs in this process)."""
+    from pipesplit.job_list import get_spec, schedule_names
+    from pipesplit.tools.cli import load_schedules
+
     load_schedules()
     names = [get_spec(n).name for n in schedules] if schedules else schedule_names()
-    rows = []
-    for pp in pps:
-        for vpp in vpps:
-            for m in m_values(pp):
-                for cost_name, (t_f, t_b, t_i, t_w), comm in COST_MODELS:
-                    costs = Costs(t_f, t_b, t_i, t_w, comm=comm)
-                    bound = lower_bound(pp, vpp, m, costs)
-                    closed = closed_form(pp, vpp, m, t_f, t_b)
-                    for name in names:
-                        spec = get_spec(name)
-                        row = {"pp": pp, "vpp": vpp, "m": m, "cost": cost_name, "comm": comm,
-                               "schedule": spec.name, "split_backward": spec.splits_backward,
-                               "lower_bound": bound, "closed_form": closed}
-                        options = {"costs": costs} if accepts(spec.generator, "costs") else {}
-                        try:
-                            schedule = build_schedule(spec.name, pp, vpp, m,
-                                                      split_backward=spec.splits_backward,
-                                                      **options)
-                            if validate_each:
-                                validate(schedule)
-                            sim = simulate(schedule, costs)
-                        except ValueError as exc:  # the config is not served (or deadlocks)
-                            row["error"] = " ".join(str(exc).split())
-                            rows.append(row)
-                            continue
-                        row.update(makespan=sim.makespan, ratio=sim.makespan / bound,
-                                   bubble=sim.bubble_ratio, peak_memory=sim.max_peak_memory)
-                        rows.append(row)
-    return rows
+    configs = [(pp, vpp, m) for pp in pps for vpp in vpps for m in m_values(pp)]
+    jobs = min(8, os.cpu_count() or 1) if jobs is None else jobs
+    if jobs <= 1 or len(configs) == 1:
+        chunks = [_config_rows(names, *c, validate_each) for c in configs]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        # biggest configs first so the pool ends evenly
+        order = sorted(range(len(configs)), key=lambda i: -configs[i][0] * configs[i][1] * configs[i][2])
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {i: pool.submit(_config_rows, names, *configs[i], validate_each) for i in order}
+            chunks = [futures[i].result() for i in range(len(configs))]
+    return [row for chunk in chunks for row in chunk]
 
 
 def best_per_config(rows: Sequence[dict]) -> List[dict]:
@@ -154,11 +179,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--pp", type=_int_list, default=list(PP_VALUES), help="default 2,4,8")
     parser.add_argument("--vpp", type=_int_list, default=list(VPP_VALUES), help="default 1,2,4")
     parser.add_argument("--validate", action="store_true", help="also validate every schedule")
+    parser.add_argument("--jobs", "-j", type=int, default=None,
+                        help="worker processes (default: CPU count, at most 8; 1 = serial)")
     args = parser.parse_args(argv)
     names = [n for item in args.schedules or [] for n in item.split(",") if n.strip()] or None
     started = time.perf_counter()
     try:
-        rows = run(names, args.pp, args.vpp, args.validate)
+        rows = run(names, args.pp, args.vpp, args.validate, args.jobs)
     except ValueError as exc:  # unknown schedule name
         print(f"bench_schedules: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -1,0 +1,84 @@
+"""auto / autoV: validity, memory limit, never worse than the best fitting fixed schedule."""
+import pytest
+
+from pipesplit.job_list import build_schedule
+from pipesplit.job_list.auto import (auto_search, default_memory_limit, fixed_candidates,
+                                     greedy_orders, GreedyPolicy, SearchContext)
+from pipesplit.job_list.placement import LOOPED, V_SHAPE
+from pipesplit.job_list.simulate import Costs, simulate
+from pipesplit.job_list.validate import validate
+
+C01 = Costs(1.0, None, 1.0, 1.0, comm=0.1)
+UNEQUAL = Costs(1.0, None, 1.5, 0.5)
+
+
+@pytest.mark.parametrize("name", ("auto", "autoV"))
+def test_small_grid_valid(name):
+    for pp in (1, 2, 3, 4):
+        for vpp in (1, 2, 3):
+            for m in (1, 2, pp + 1, 2 * pp + 1):
+                schedule = build_schedule(name, pp, vpp, m, costs=C01)
+                validate(schedule)
+                result = simulate(schedule, C01)
+                assert result.max_peak_memory <= default_memory_limit(pp, vpp, m) + 1e-9
+
+
+@pytest.mark.parametrize("costs", (C01, UNEQUAL, Costs(1.0, None, 1.0, 1.0)))
+@pytest.mark.parametrize("placement", (LOOPED, V_SHAPE))
+def test_never_worse_than_best_fitting_fixed(costs, placement):
+    for pp, vpp, m in ((2, 1, 3), (4, 1, 8), (4, 2, 8), (4, 2, 5), (3, 2, 7), (4, 4, 4)):
+        limit = default_memory_limit(pp, vpp, m)
+        result = auto_search(pp, vpp, m, costs, limit, (placement,))
+        assert result.peak <= limit + 1e-9
+        assert simulate(result.schedule, costs).makespan == pytest.approx(result.makespan)
+        fitting = [span for _, _, span, peak in fixed_candidates(pp, vpp, m, placement, costs)
+                   if peak <= limit + 1e-9]
+        if fitting:
+            assert result.makespan <= min(fitting) + 1e-9
+
+
+def test_memory_limit_respected_and_tradeoff():
+    spans = []
+    for limit in (2, 3, 4, 6, 8):
+        result = auto_search(4, 2, 8, C01, limit, (LOOPED,))
+        validate(result.schedule)
+        assert result.peak <= limit + 1e-9
+        spans.append(result.makespan)
+    assert spans[-1] <= spans[0]
+
+
+def test_too_low_limit_states_minimum():
+    with pytest.raises(ValueError, match=r"memory_limit must be >= 2"):
+        build_schedule("auto", 4, 2, 8, memory_limit=1.5)
+    with pytest.raises(ValueError, match=r"memory_limit must be >= 1"):
+        auto_search(4, 1, 8, C01, 0.5)
+
+
+def test_minimum_limit_is_feasible():
+    for pp, vpp, m in ((4, 1, 8), (4, 2, 5), (2, 4, 3)):
+        result = auto_search(pp, vpp, m, UNEQUAL, float(vpp), (LOOPED, V_SHAPE))
+        validate(result.schedule)
+        assert result.peak <= vpp + 1e-9
+
+
+def test_per_stage_costs_and_both_placements():
+    costs = Costs(forward=[1, 1.2, 0.8, 1], backward_b=[1, 1.5, 1, 2], backward_w=0.5, comm=0.2)
+    result = auto_search(2, 2, 6, costs, None, (LOOPED, V_SHAPE))
+    assert result.placement in (LOOPED, V_SHAPE)
+    assert result.schedule.placement.kind == result.placement
+    validate(result.schedule)
+
+
+def test_reserve_policy_never_deadlocks():
+    for pp, vpp, m in ((4, 4, 9), (8, 2, 5), (3, 3, 7)):
+        for placement in (LOOPED, V_SHAPE):
+            ctx = SearchContext(pp, vpp, m, placement, C01)
+            assert greedy_orders(ctx, float(vpp), GreedyPolicy(admit="reserve")) is not None
+
+
+def test_auto_strictly_better_somewhere():
+    better = 0
+    for pp, vpp, m in ((4, 2, 4), (4, 4, 4), (2, 2, 2)):
+        result = auto_search(pp, vpp, m, UNEQUAL, None, (V_SHAPE,))
+        better += result.makespan < result.baseline_makespan - 1e-9
+    assert better >= 2

@@ -1,0 +1,82 @@
+"""Benchmark the ``auto`` / ``autoV`` search against the best fixed schedule.
+
+    python -m pipesplit.tools.bench_auto [--pp 2,4,8] [--vpp 1,2,4] [--placement looped|v|both]
+
+For each cost model (c = 0.1 with (tF,tI,tW) = (1,1,1); and unequal costs (1,1.5,0.5), c = 0) and
+each grid point pp x vpp x m (m in pp, pp+1, 2pp, 2pp+2, 4pp) it prints the best fixed schedule
+of the same placement whose simulated peak fits the memory limit (default: 1F1B's peak,
+``min(pp, m) * vpp`` units), the auto result, its peak and source, and the search time.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional, Sequence
+
+from pipesplit.job_list.auto import auto_search, default_memory_limit
+from pipesplit.job_list.placement import LOOPED, V_SHAPE
+from pipesplit.job_list.simulate import Costs
+
+COST_MODELS = (
+    ("c=0.1", Costs(1.0, None, 1.0, 1.0, comm=0.1)),
+    ("tF=1,tI=1.5,tW=0.5", Costs(1.0, None, 1.5, 0.5)),
+)
+
+
+def grid_ms(pp: int) -> List[int]:
+    return sorted({pp, pp + 1, 2 * pp, 2 * pp + 2, 4 * pp})
+
+
+def _ints(text: str) -> List[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run(pps: Sequence[int], vpps: Sequence[int], placements: Sequence[str],
+        memory_limit: Optional[float] = None, out=sys.stdout) -> dict:
+    summary = {}
+    for label, costs in COST_MODELS:
+        print(f"\n== costs {label} ==", file=out)
+        print(f"{'placement':9} {'pp':>3} {'vpp':>3} {'m':>3} {'limit':>6} {'best fixed':>22} "
+              f"{'auto':>8} {'peak':>5} {'gain%':>6} {'time s':>7}  source", file=out)
+        better = total = 0
+        worst_time = 0.0
+        for placement in placements:
+            for pp in pps:
+                for vpp in vpps:
+                    if placement == V_SHAPE and vpp % 2:
+                        continue
+                    for m in grid_ms(pp):
+                        limit = memory_limit if memory_limit is not None else \
+                            default_memory_limit(pp, vpp, m)
+                        res = auto_search(pp, vpp, m, costs, limit, (placement,))
+                        total += 1
+                        fixed = f"{res.baseline}={res.baseline_makespan:.2f}" if res.baseline else "-"
+                        gain = 0.0
+                        if res.baseline:
+                            gain = 100.0 * (res.baseline_makespan - res.makespan) / res.baseline_makespan
+                        if res.makespan < res.baseline_makespan - 1e-9:
+                            better += 1
+                        worst_time = max(worst_time, res.search_seconds)
+                        print(f"{placement:9} {pp:3d} {vpp:3d} {m:3d} {limit:6.1f} {fixed:>22} "
+                              f"{res.makespan:8.2f} {res.peak:5.1f} {gain:6.1f} "
+                              f"{res.search_seconds:7.2f}  {res.source}", file=out)
+        print(f"auto strictly faster than the best fitting fixed schedule on {better}/{total}; "
+              f"slowest search {worst_time:.2f} s", file=out)
+        summary[label] = (better, total, worst_time)
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pp", default="2,4,8")
+    parser.add_argument("--vpp", default="1,2,4")
+    parser.add_argument("--placement", default="both", choices=("looped", "v", "both"))
+    parser.add_argument("--memory-limit", type=float, default=None)
+    args = parser.parse_args(argv)
+    placements = {"looped": (LOOPED,), "v": (V_SHAPE,), "both": (LOOPED, V_SHAPE)}[args.placement]
+    run(_ints(args.pp), _ints(args.vpp), placements, args.memory_limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
