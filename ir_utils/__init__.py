@@ -4,7 +4,7 @@ from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumula
 from .complete import check_program, complete_program
 from .extract import Handoff, SplitProgram, job_types_for, split_program
 from .models import BuiltModel, build_gpt, build_mlp
-from .runner import (fthenb_order, init_scope, make_plan, read_params, required_vars_of,
+from .runner import (PlanRunner, fthenb_order, init_scope, make_plan, read_params, required_vars_of,
                      run_plan, run_unsplit_baseline)
 
 __all__ = [
@@ -12,6 +12,6 @@ __all__ = [
     "check_program", "complete_program",
     "Handoff", "SplitProgram", "job_types_for", "split_program",
     "BuiltModel", "build_gpt", "build_mlp",
-    "fthenb_order", "init_scope", "make_plan", "read_params", "required_vars_of", "run_plan",
+    "PlanRunner", "fthenb_order", "init_scope", "make_plan", "read_params", "required_vars_of", "run_plan",
     "run_unsplit_baseline",
 ]

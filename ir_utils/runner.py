@@ -102,32 +102,47 @@ def _as_tensor(array, place):
     return t
 
 
+class PlanRunner:
+    """Runs one ``core.Plan`` step after step in one scope, keeping Paddle's executor (building
+    it costs about as much as a small step)."""
+
+    def __init__(self, plan, scope, place=None):
+        self.plan = plan
+        self.scope = scope
+        self.place = place if place is not None else paddle.CPUPlace()
+        self.num_micro_batches = plan.micro_batch_num()
+        _check_m(self.num_micro_batches)
+        self._executor = None
+
+    def step(self, feed: Dict[str, np.ndarray]) -> List[np.float32]:
+        """One step on the FULL batch ``feed`` (the executor cuts dim 0 into micro-batches);
+        returns the fetched values, one per micro-batch (for a single fetch such as the loss:
+        per-micro-batch losses as ``np.float32``; with several fetches a list per fetch)."""
+        m = self.num_micro_batches
+        for name, arr in feed.items():
+            arr = np.asarray(arr)
+            if arr.ndim == 0 or arr.shape[0] % m:
+                raise ValueError(f"feed {name!r}: batch dimension {arr.shape[:1]} is not "
+                                 f"divisible by num_micro_batches={m}")
+        for name, arr in feed.items():
+            core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
+        if self._executor is None:
+            self._executor = paddle.base.executor._StandaloneExecutor(self.place, self.plan,
+                                                                       self.scope)
+        out = self._executor.run(list(feed))
+        per_fetch = []
+        for x in out:
+            arr = np.asarray(x)
+            arr = arr.reshape(m, -1) if arr.size % m == 0 else arr
+            per_fetch.append([np.float32(r[0]) if r.size == 1 else r for r in arr])
+        if len(per_fetch) == 1:
+            return per_fetch[0]
+        return per_fetch
+
+
 def run_plan(plan, scope, feed: Dict[str, np.ndarray], place=None) -> List[np.float32]:
-    """Run one step of ``plan`` on the FULL batch ``feed`` (the executor cuts dim 0 into
-    ``plan.micro_batch_num()`` pieces); returns the fetched values, one per micro-batch
-    (for a single fetch such as the loss: per-micro-batch losses as ``np.float32``; with
-    several fetches a list per fetch column)."""
-    place = place if place is not None else paddle.CPUPlace()
-    m = plan.micro_batch_num()
-    _check_m(m)
-    for name, arr in feed.items():
-        arr = np.asarray(arr)
-        if arr.ndim == 0 or arr.shape[0] % m:
-            raise ValueError(f"feed {name!r}: batch dimension {arr.shape[:1]} is not divisible "
-                             f"by num_micro_batches={m}")
-    for name, arr in feed.items():
-        core.set_feed_variable(scope, _as_tensor(arr, place), name, 0)
-    exe = paddle.base.executor._StandaloneExecutor(place, plan, scope)
-    out = exe.run(list(feed))
-    del exe
-    per_fetch = []
-    for x in out:
-        arr = np.asarray(x)
-        arr = arr.reshape(m, -1) if arr.size % m == 0 else arr
-        per_fetch.append([np.float32(r[0]) if r.size == 1 else r for r in arr])
-    if len(per_fetch) == 1:
-        return per_fetch[0]
-    return per_fetch
+    """One step of ``plan`` (see :meth:`PlanRunner.step`); use a PlanRunner for several."""
+    return PlanRunner(plan, scope, place).step(feed)
 
 
 def read_params(scope, names: Iterable[str]) -> Dict[str, np.ndarray]:

@@ -82,10 +82,12 @@ def ascii_grid(sim: SimResult, width: Optional[int] = None) -> str:
         columns_fit = max(1, (width - len(prefix)) // (cell + 1))
         if sim.makespan / step > columns_fit:
             step = sim.makespan / columns_fit
+
     def cell_of(time: float) -> int:  # round half up: monotone, so no two jobs share a cell
         return int(math.floor(time / step + 0.5 + 1e-9))
 
-    columns = max([1] + [cell_of(t.end) for row in sim.timeline for t in row])
+    columns = max([1] + [max(cell_of(t.end), cell_of(t.start) + 1)
+                         for row in sim.timeline for t in row])
     lines = [f"time step {step:g} per column, makespan {sim.makespan:g} "
              f"({schedule.name} pp={schedule.pp} vpp={schedule.vpp} m={schedule.m})"]
     for rank in range(schedule.pp):

@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from pipesplit.ir_utils import (build_gpt, build_mlp, init_scope, read_params, run_plan,
+from pipesplit.ir_utils import (PlanRunner, build_gpt, build_mlp, init_scope, read_params,
                                 run_unsplit_baseline)
 from pipesplit.passes import apply_pipeline
 
@@ -35,7 +35,8 @@ def run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward=False):
                               dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp,
                                    split_backward=split_backward))
     scope = init_scope(built, pipeline.split)
-    losses = [run_plan(pipeline.plan, scope, built.make_batch(step)) for step in range(STEPS)]
+    runner = PlanRunner(pipeline.plan, scope)
+    losses = [runner.step(built.make_batch(step)) for step in range(STEPS)]
     return np.array(losses, dtype=np.float64), read_params(scope, built.param_names), pipeline
 
 

@@ -55,7 +55,7 @@ def run(args) -> dict:
     """Train with the schedule and unsplit; return the demo's JSON record (and print)."""
     import numpy as np
 
-    from pipesplit.ir_utils import init_scope, read_params, run_plan, run_unsplit_baseline
+    from pipesplit.ir_utils import PlanRunner, init_scope, read_params, run_unsplit_baseline
     from pipesplit.job_list.views import ascii_grid
     from pipesplit.passes import apply_pipeline
 
@@ -72,9 +72,8 @@ def run(args) -> dict:
           f"peak activations per rank {[round(x, 2) for x in sim.peak_memory]}")
 
     scope = init_scope(model, pipeline.split)
-    losses: List[List[float]] = []
-    for step in range(args.steps):
-        losses.append([float(x) for x in run_plan(pipeline.plan, scope, model.make_batch(step))])
+    runner = PlanRunner(pipeline.plan, scope)
+    losses = [[float(x) for x in runner.step(model.make_batch(step))] for step in range(args.steps)]
     params = read_params(scope, model.param_names)
     baseline_losses, baseline_params = run_unsplit_baseline(model, args.steps, args.m)
     baseline_losses = [[float(x) for x in row] for row in baseline_losses]
