@@ -12,7 +12,11 @@ setup(
         "pipesplit.passes": "passes",
         "pipesplit.tools": "tools",
     },
-    package_data={"pipesplit.job_list": ["golden/*"]},
+    package_data={
+        "pipesplit.job_list": ["golden/*"],
+        # reference orders of PyTorch 2.13 / Paddle 3.3.1 for tools/bench_frameworks.py
+        "pipesplit.tools": ["reference_orders/*.md", "reference_orders/*/*"],
+    },
     install_requires=["numpy"],
     extras_require={
         "paddle": ["paddlepaddle==3.3.1"],

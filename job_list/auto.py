@@ -18,12 +18,17 @@ Steps, for one placement (``auto``: looped, ``autoV``: V / zig-zag):
    tried.  With ``admit="reserve"`` a rank only starts a new micro-batch when the memory for all
    of that micro-batch's forwards on the rank is free, which never deadlocks for a limit >=
    ``vpp``.
-3. **Local search.**  The best order is improved by moving W's: a W is moved back into an idle
+3. **Layout search.**  (looped placement) Coordinate descent over the per-rank warm-up counts
+   and W deferrals of the ZB-H1 / InterleavedZB layout (:func:`layout_search`), seeded from
+   those schedules, evaluated with the simulator.
+4. **Local search.**  The best order is improved by moving W's: a W is moved back into an idle
    gap of its rank, or pushed behind the F / I it delays; a move is kept if the simulated
    makespan drops and the peak still fits.  The number of moves tried is bounded, so the search
    is deterministic.
 
-The best valid schedule wins (the fixed schedule on ties).
+The best valid schedule wins (the fixed schedule on ties).  Steps 2-4 are skipped when a fixed
+schedule already reaches :func:`memory_lower_bound` (then nothing can be faster), and the local
+search stops at that bound.
 
 ``memory_limit`` (peak units per rank) defaults to 1F1B's peak at full-stage size:
 ``min(pp, m) * vpp`` — rank 0 of 1F1B holds ``min(pp, m)`` micro-batches of a whole stage, and a
@@ -440,6 +445,165 @@ def default_policies(pp: int = 1, vpp: int = 1, m: int = 1) -> List[GreedyPolicy
     return variants
 
 
+# --------------------------------------------------------------------------- bound
+
+def memory_lower_bound(pp: int, vpp: int, m: int, costs: Optional[Costs] = None,
+                       memory_limit: Optional[float] = None, placement: str = LOOPED) -> float:
+    """A lower bound on the makespan of any schedule whose per-rank peak is <= ``memory_limit``.
+
+    :func:`simulate.lower_bound` (rank work plus the forward path to it), tightened per rank by
+    two idle periods the memory limit forces (same model as the simulator):
+
+    * start: no W runs before the rank's first I, so before the earliest time an I can start
+      there (forward chain to the last stage and input-gradient chain back) the rank runs at most
+      ``floor(limit)`` forwards;
+    * tail: after the rank's last F, the I of that micro-batch waits for the forward / backward
+      round trip through the later stages; meanwhile the rank can only work on what it holds,
+      at most ``limit - 1`` units.
+
+    Both are idle time on top of the rank's work.  The search stops when it reaches the bound.
+    """
+    costs = costs or Costs()
+    ctx_place = Placement(placement, pp, vpp)
+    S = pp * vpp
+    if memory_limit is None:
+        memory_limit = default_memory_limit(pp, vpp, m)
+    tf = [costs.of(FORWARD, s) for s in range(S)]
+    ti = [costs.of(BACKWARD_B, s) for s in range(S)]
+    tw = [costs.of(BACKWARD_W, s) for s in range(S)]
+    c = float(costs.comm)
+    rank = [ctx_place.rank_of(s) for s in range(S)]
+    # earliest end of F(s) / earliest start of F(s) along the forward chain
+    f_end = [0.0] * S
+    t = 0.0
+    for s in range(S):
+        if s > 0 and rank[s] != rank[s - 1]:
+            t += c
+        f_start = t
+        t += tf[s]
+        f_end[s] = t
+    # earliest start of I(s): I(s+1) must end (plus c across ranks), F(s) must end
+    i_start = [0.0] * S
+    i_start[S - 1] = f_end[S - 1]
+    for s in range(S - 2, -1, -1):
+        arrive = i_start[s + 1] + ti[s + 1] + (c if rank[s + 1] != rank[s] else 0.0)
+        i_start[s] = max(arrive, f_end[s])
+    held = int(memory_limit + EPS)
+    best = lower_bound(pp, vpp, m, costs)
+    for r in range(pp):
+        stages = [ctx_place.stage(r, ch) for ch in range(vpp)]
+        work = m * sum(tf[s] + ti[s] + tw[s] for s in stages)
+        head = min(f_end[s] - tf[s] for s in stages)
+        first_i = min(i_start[s] for s in stages)
+        n_f = min(held, m * vpp)
+        idle_start = max(head, first_i - n_f * min(tf[s] for s in stages))
+        # round trip from the end of F(s) to the start of I(s), same micro-batch
+        trip = min(i_start[s] - f_end[s] for s in stages)
+        unit = max(max(ti[s] + tw[s], 2 * tw[s]) for s in stages)
+        idle_tail = max(0.0, trip - max(0, held - 1) * unit)
+        if m * vpp > held:
+            idle = idle_start + idle_tail
+        else:
+            idle = max(idle_start, idle_tail)
+        best = max(best, work + idle)
+    return best
+
+
+# --------------------------------------------------------------------------- layout search
+
+def layout_orders(ctx: SearchContext, warmup: Sequence[int], deferred: Sequence[int],
+                  group_size: int) -> List[List[int]]:
+    """Job-id orders of the ZB-H1 / InterleavedZB layout (looped placement) with per-rank
+    warm-up forwards ``warmup[r]`` and ``deferred[r]`` W's kept back for the cool-down."""
+    from .classic import grouped_order, micro_batch_groups
+    from .zero_bubble import zb_rank_jobs
+
+    groups = micro_batch_groups(ctx.m, group_size)
+    forwards = grouped_order(ctx.vpp, groups)
+    backwards = grouped_order(ctx.vpp, groups, reverse_chunks=True)
+    index = {FORWARD: F, BACKWARD_B: I, BACKWARD_W: W}
+    out = []
+    for r in range(ctx.pp):
+        jobs = zb_rank_jobs(forwards, backwards, warmup[r], deferred[r])
+        out.append([ctx.id(index[j.kind], ctx.stages_of[r][j.chunk], j.micro_batch) for j in jobs])
+    return out
+
+
+def layout_search(ctx: SearchContext, limit: float, max_evals: int = 400
+                  ) -> Optional[Tuple[float, float, str, List[List[int]]]]:
+    """Coordinate descent over the per-rank warm-up counts and W deferrals of the ZB-H1 /
+    InterleavedZB layout (the zero-bubble paper's knobs), seeded from those schedules.
+
+    Moves: one rank's warm-up +-1, one rank's deferral +-1, and +1 warm-up on every rank up to
+    ``r`` (more forwards on the early ranks hide the p2p latency of the forward chain).  A move
+    is kept when (makespan, sum of finish times) drops and the peak fits ``limit``.  Returns
+    (makespan, sum of finish times, label, orders) of the best layout found, or None when no
+    layout fits.  Only for the looped placement.
+    """
+    if ctx.placement.kind != LOOPED:
+        return None
+    from .classic import interleaved_warmup
+
+    pp, vpp, m = ctx.pp, ctx.vpp, ctx.m
+    total = vpp * m
+    best = None  # (span, sum, warmup, deferred, group, orders)
+    evals = 0
+    cache: Dict[Tuple, Optional[Tuple[float, float, float]]] = {}
+
+    def evaluate(warmup, deferred, group):
+        nonlocal evals
+        key = (tuple(warmup), tuple(deferred), group)
+        if key not in cache:
+            evals += 1
+            orders = layout_orders(ctx, warmup, deferred, group)
+            result = ctx.simulate(orders)
+            cache[key] = None if result is None or result[1] > limit + EPS else \
+                (result[0], result[2], orders)
+        return cache[key]
+
+    groups = sorted({pp, m} if m < 2 * pp else {pp})
+    for group in groups:
+        for per_hop in (1, 2):
+            warmup = [min(total, w) for w in interleaved_warmup(pp, vpp, m, per_hop=per_hop,
+                                                                  group_size=group)]
+            for deferred in ([r for r in range(pp)], [0] * pp):
+                found = evaluate(warmup, deferred, group)
+                if found and (best is None or (found[0], found[1]) < (best[0], best[1])):
+                    best = (found[0], found[1], list(warmup), list(deferred), group, found[2])
+    if best is None:
+        return None
+    improved = True
+    while improved and evals < max_evals:
+        improved = False
+        span, total_end, warmup, deferred, group, _ = best
+        moves = []
+        for r in range(pp):
+            for delta in (1, -1):
+                w = list(warmup)
+                w[r] += delta
+                moves.append((w, deferred))
+                d = list(deferred)
+                d[r] += delta
+                moves.append((warmup, d))
+            w = [x + 1 if q <= r else x for q, x in enumerate(warmup)]
+            moves.append((w, deferred))
+        for w, d in moves:
+            if evals >= max_evals:
+                break
+            if any(x < 0 or x > total for x in w) or any(x < 0 or x > total for x in d):
+                continue
+            found = evaluate(w, d, group)
+            if found and (found[0] < span - EPS or
+                          (found[0] <= span + EPS and found[1] < total_end - EPS)):
+                best = (found[0], found[1], list(w), list(d), group, found[2])
+                improved = True
+                break
+    span, total_end, warmup, deferred, group, orders = best
+    label = (f"layout[warmup={','.join(map(str, warmup))},defer={','.join(map(str, deferred))},"
+             f"group={group}]")
+    return span, total_end, label, orders
+
+
 # --------------------------------------------------------------------------- local search
 
 def improve(ctx: SearchContext, orders: List[List[int]], limit: float,
@@ -526,6 +690,7 @@ class AutoResult:
     baseline: Optional[str]       # best fixed schedule that fits the limit
     baseline_makespan: float
     search_seconds: float
+    bound: float = 0.0            # memory_lower_bound of the chosen placement
     tried: Dict[str, float] = field(default_factory=dict, repr=False)
 
 
@@ -580,8 +745,8 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
     best = None  # (makespan, placement, source, job lists)
     baseline, baseline_span = None, INF
     tried: Dict[str, float] = {}
-    target = lower_bound(pp, vpp, m, costs)
     for placement in placements:
+        target = memory_lower_bound(pp, vpp, m, costs, memory_limit, placement)
         ctx = SearchContext(pp, vpp, m, placement, costs)
         pool = []  # (makespan, sum of finish times, source, orders) of every fitting candidate
         for name, schedule, span, peak in fixed_candidates(pp, vpp, m, placement, costs):
@@ -592,7 +757,11 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
                 orders = ctx.from_schedule(schedule)
                 fast = ctx.simulate(orders)
                 pool.append((span, fast[2] if fast else INF, f"fixed:{name}", orders))
-        for policy in default_policies(pp, vpp, m):
+        if pool and min(item[0] for item in pool) <= target + EPS:
+            policies = []  # a fixed schedule reaches the lower bound: nothing can beat it
+        else:
+            policies = default_policies(pp, vpp, m)
+        for policy in policies:
             orders = greedy_orders(ctx, memory_limit, policy)
             result = None if orders is None else ctx.simulate(orders)
             if result is None:
@@ -601,6 +770,10 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
             tried[policy.label() + f"@{placement}"] = span
             if peak <= memory_limit + EPS:
                 pool.append((span, total, policy.label(), orders))
+        layout = layout_search(ctx, memory_limit) if policies else None
+        if layout is not None:
+            tried[layout[2] + f"@{placement}"] = layout[0]
+            pool.append(layout)
         pool.sort(key=lambda item: (item[0], item[1]))
         seen = set()
         starts = []
@@ -617,18 +790,19 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
                 if new_span < span - EPS:
                     orders, span, source = new_orders, new_span, source + "+local"
             if best is None or span < best[0] - EPS:
-                best = (span, placement, source, ctx.to_jobs(orders))
+                best = (span, placement, source, ctx.to_jobs(orders), target)
     if best is None:  # pragma: no cover - reserve policies always succeed for limit >= vpp
         raise ValueError(f"memory_limit {memory_limit:g} admits no schedule the search found "
                          f"for pp={pp}, vpp={vpp}, m={m}")
-    span, placement, source, ranks = best
+    span, placement, source, ranks, bound = best
     schedule = Schedule(name="auto" if placement == LOOPED else "autoV", pp=pp, vpp=vpp, m=m,
                         placement=Placement(placement, pp, vpp), ranks=[list(j) for j in ranks],
                         split_backward=True,
                         options={"costs": costs, "memory_limit": memory_limit, "source": source})
     final = simulate(schedule, costs)  # the reference simulator has the last word
     return AutoResult(schedule, final.makespan, final.max_peak_memory, float(memory_limit),
-                      placement, source, baseline, baseline_span, time.perf_counter() - began, tried)
+                      placement, source, baseline, baseline_span, time.perf_counter() - began,
+                      bound, tried)
 
 
 @register_schedule("auto", placement=LOOPED, splits_backward=True)

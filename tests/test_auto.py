@@ -82,3 +82,51 @@ def test_auto_strictly_better_somewhere():
         result = auto_search(pp, vpp, m, UNEQUAL, None, (V_SHAPE,))
         better += result.makespan < result.baseline_makespan - 1e-9
     assert better >= 2
+
+
+def test_memory_lower_bound_is_a_lower_bound():
+    from pipesplit.job_list.auto import memory_lower_bound
+    from pipesplit.job_list.simulate import lower_bound
+    for costs in (C01, UNEQUAL, Costs(1.0, None, 1.0, 1.0)):
+        for placement in (LOOPED, V_SHAPE):
+            for pp, vpp, m in ((2, 1, 2), (4, 1, 8), (4, 2, 5), (2, 2, 4), (3, 2, 7)):
+                for limit in (None, float(vpp), 2.0 * pp * vpp):
+                    bound = memory_lower_bound(pp, vpp, m, costs, limit, placement)
+                    assert bound >= lower_bound(pp, vpp, m, costs) - 1e-9
+                    cap = default_memory_limit(pp, vpp, m) if limit is None else limit
+                    for _, _, span, peak in fixed_candidates(pp, vpp, m, placement, costs):
+                        if peak <= cap + 1e-9:
+                            assert span >= bound - 1e-9
+                    result = auto_search(pp, vpp, m, costs, limit, (placement,))
+                    assert result.makespan >= bound - 1e-9
+
+
+def test_fixed_optimal_shortcut_keeps_fixed():
+    # ZB-H1 meets the memory lower bound at pp=4, m=8 with unequal costs: auto returns it
+    result = auto_search(4, 1, 8, UNEQUAL, None, (LOOPED,))
+    assert result.makespan == pytest.approx(result.bound)
+    assert result.source == "fixed:ZBH1"
+
+
+def test_layout_search_fits_limit():
+    from pipesplit.job_list.auto import layout_search
+    for pp, vpp, m in ((4, 2, 8), (4, 1, 6), (2, 2, 4)):
+        ctx = SearchContext(pp, vpp, m, LOOPED, C01)
+        limit = default_memory_limit(pp, vpp, m) + 1
+        found = layout_search(ctx, limit)
+        assert found is not None
+        span, _, _, orders = found
+        fast = ctx.simulate(orders)
+        assert fast[0] == pytest.approx(span) and fast[1] <= limit + 1e-9
+        schedule = build_schedule("InterleavedZB", pp, vpp, m).with_ranks(ctx.to_jobs(orders))
+        validate(schedule)
+
+
+def test_bench_counts_no_fit_apart():
+    import io
+    from pipesplit.tools.bench_auto import run
+    summary = run([2], [2], [LOOPED], out=io.StringIO())
+    for counts in summary.values():
+        # m = 3 (pp + 1): no fixed looped schedule fits 1F1B's memory at vpp = 2
+        assert counts["no_fixed"] >= 1
+        assert counts["faster"] + counts["equal"] + counts["no_fixed"] == counts["total"] == 5
