@@ -76,9 +76,10 @@ def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
 def split_and_schedule(main_program, startup_program, config: PipelineConfig) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts."""
     if config.pp_stage is not None:
-        raise ValueError(
-            "pp_stage selects one rank's programs for a multi-process run, which this build does "
-            "not provide yet; leave pp_stage=None to emulate all pp_degree ranks in one process")
+        # one rank's programs for a multi-process run (pipesplit.passes.per_rank)
+        from .per_rank import build_rank_plan
+
+        return build_rank_plan(main_program, startup_program, config)
     schedule = make_schedule(config)
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)

@@ -1,0 +1,212 @@
+"""Point-to-point handoffs between pipeline ranks as PIR sub-programs.
+
+A *transfer* is one named handoff value (``pipesplit_handoff_*``) that one rank's sub-program
+writes and a sub-program on another rank reads.  :func:`build_comm_program` builds the send or
+recv sub-program of one comm job from the transfers it carries:
+
+* ``backend="gloo"`` (CPU): Paddle 3.3.1's CPU ``send_v2`` / ``recv_v2`` kernels are stubs that
+  raise, but ``broadcast`` works over gloo.  With two ranks a send / recv pair is a
+  ``pd_op.broadcast_`` rooted at the sender on ring 0; the receiver broadcasts into a buffer
+  (``pd_op.full``) of the handoff's shape.  A handoff with a dynamic dimension (the batch
+  dimension ``-1``) first broadcasts its shape (an int64 vector) and the receiver builds the
+  buffer from it (``pd_op.full_with_tensor``), so no micro-batch size needs to be known when the
+  programs are built.  Only one communicator per process works on CPU (the executor uses the
+  comm context of the first ring it meets for every collective), hence two ranks at most.
+* ``backend="nccl"`` (GPU): ``pd_op.send_v2`` / ``pd_op.recv_v2`` on a two-rank p2p ring per
+  rank pair, on their own execution streams (``send_stream_{ring}`` / ``recv_stream``, as
+  Paddle's ``_pir_overlap_send_recv`` sets them), ``dynamic_shape`` only where the handoff has a
+  dynamic dimension.  Cross-program event dependencies (producer op -> send, recv -> first
+  consumer op) are added with :func:`add_event_dependency`, the attributes Paddle's
+  ``PipelinePassBase._add_dependency`` sets.
+
+Every comm program can also bump a persistable progress counter after each transfer
+(``progress_var``): a watchdog reads it to name the comm job a rank is stuck in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import paddle
+
+BACKENDS = ("gloo", "nccl")
+CPU_RING_ID = 0
+PROGRESS_VAR = "pipesplit_comm_progress"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One handoff value crossing from rank ``src`` to rank ``dst``."""
+
+    name: str
+    value_type: object      # the PIR type of the handoff (shape + dtype)
+    src: int
+    dst: int
+    src_stage: int
+    dst_stage: int
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(int(s) for s in self.value_type.shape)
+
+    @property
+    def dtype(self):
+        return self.value_type.dtype
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(s < 0 for s in self.shape)
+
+
+def ring_pair(a: int, b: int) -> Tuple[int, int]:
+    return (a, b) if a < b else (b, a)
+
+
+def _place_attr():
+    place = paddle.base.libpaddle.Place()
+    place.set_place(paddle.framework._current_expected_place())
+    return place
+
+
+def add_event_dependency(recorder_op, waiter_op, name: str) -> None:
+    """``waiter_op`` (in another sub-program) waits for the event ``recorder_op`` records, as
+    Paddle's ``PipelinePassBase._add_dependency`` does for its send_v2 / recv_v2 ops."""
+    if not recorder_op.has_attr("force_record_event"):
+        recorder_op.set_bool_attr("force_record_event", True)
+    if recorder_op.has_attr("event_to_record"):
+        name = recorder_op.attrs()["event_to_record"]  # one event per op: share it
+    else:
+        recorder_op.set_str_attr("event_to_record", name)
+    waits = list(waiter_op.attrs().get("events_to_wait", [])) if waiter_op.has_attr(
+        "events_to_wait") else []
+    if name not in waits:
+        waiter_op.set_str_array_attr("events_to_wait", waits + [name])
+
+
+def _bump_progress(block, after_value, place):
+    """``progress += 1`` once ``after_value`` exists (data-dependent, so it runs after the comm)."""
+    if PROGRESS_VAR in block.kwargs():
+        cnt = block.kwargs()[PROGRESS_VAR]
+    else:
+        cnt = block.add_kwarg(PROGRESS_VAR, _progress_type())
+        cnt.persistable = True
+        cnt.place_attr = place
+    n = paddle.cast(paddle.numel(after_value) >= 0, "float32")
+    paddle._C_ops.add_(cnt, paddle.reshape(n, [1]))
+
+
+_PROGRESS_TYPE = None
+
+
+def _progress_type():
+    global _PROGRESS_TYPE
+    if _PROGRESS_TYPE is None:
+        prog = paddle.pir.Program()
+        with paddle.static.program_guard(prog):
+            _PROGRESS_TYPE = paddle.full([1], 0.0, dtype="float32").type()
+    return _PROGRESS_TYPE
+
+
+def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *,
+                       ring_ids: Optional[Dict[Tuple[int, int], int]] = None,
+                       progress: bool = False) -> Tuple["paddle.pir.Program", List[object]]:
+    """The send / recv sub-program of one comm job on ``rank``: every transfer of
+    ``transfers`` with ``src == rank`` is sent, every one with ``dst == rank`` is received, in
+    the given order (both ends must use the same order).  Returns (program, comm ops), the comm
+    ops in transfer order (``pd_op.broadcast_`` or ``pd_op.send_v2`` / ``pd_op.recv_v2``).
+
+    ``ring_ids`` (nccl): ring id of each rank pair ``(low, high)``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    program = paddle.pir.Program()
+    block = program.global_block()
+    place = _place_attr()
+    comm_ops = []
+    with paddle.static.program_guard(program):
+        for t in transfers:
+            if rank not in (t.src, t.dst) or t.src == t.dst:
+                raise ValueError(f"transfer {t.name} ({t.src} -> {t.dst}) does not involve "
+                                 f"rank {rank} and another rank")
+            sending = t.src == rank
+            if backend == "gloo":
+                out = _gloo_transfer(block, t, sending, place, comm_ops)
+            else:
+                if ring_ids is None or ring_pair(t.src, t.dst) not in ring_ids:
+                    raise ValueError(f"no ring id for rank pair {ring_pair(t.src, t.dst)}")
+                out = _nccl_transfer(block, t, sending, place, ring_ids[ring_pair(t.src, t.dst)],
+                                     comm_ops)
+            if progress and out is not None:
+                _bump_progress(block, out, place)
+    paddle.pir.set_insertion_point_to_block_end(
+        paddle.static.default_main_program().global_block())
+    return program, comm_ops
+
+
+def _kwarg(block, t: Transfer, place):
+    kw = block.add_kwarg(t.name, t.value_type)
+    kw.persistable = False
+    kw.place_attr = place
+    return kw
+
+
+def _gloo_transfer(block, t: Transfer, sending: bool, place, comm_ops):
+    root = t.src
+    if sending:
+        x = _kwarg(block, t, place)
+        if t.is_dynamic:
+            shape = paddle.cast(paddle.shape(x), "int64")
+            paddle._C_ops.broadcast_(shape, CPU_RING_ID, root)
+        out = paddle._C_ops.broadcast_(x, CPU_RING_ID, root)
+        comm_ops.append(out.get_defining_op())
+        return out
+    if t.is_dynamic:
+        shape = paddle.full([len(t.shape)], 0, dtype="int64")
+        shape = paddle._C_ops.broadcast_(shape, CPU_RING_ID, root)
+        buf = paddle.full(shape, 0.0, dtype=t.dtype)
+    else:
+        buf = paddle.full(list(t.shape), 0.0, dtype=t.dtype)
+    out = paddle._C_ops.broadcast_(buf, CPU_RING_ID, root)
+    comm_ops.append(out.get_defining_op())
+    paddle._C_ops.set_persistable_value(out, t.name)
+    return out
+
+
+def _nccl_transfer(block, t: Transfer, sending: bool, place, ring_id: int, comm_ops):
+    pair = ring_pair(t.src, t.dst)
+    peer = t.dst if sending else t.src
+    local_peer = pair.index(peer)  # send_v2 / recv_v2 take the peer's rank inside the ring
+    if sending:
+        x = _kwarg(block, t, place)
+        paddle._C_ops.send_v2(x, ring_id, local_peer, True, t.is_dynamic)
+        op = block.ops[-1]
+        op.set_execution_stream(f"send_stream_{ring_id}")
+        op.set_scheduling_priority(0)
+        op.set_int_attr("pipesplit_peer", peer)
+        comm_ops.append(op)
+        return None
+    shape = [s if s >= 0 else 1 for s in t.shape] if t.is_dynamic else list(t.shape)
+    out = paddle._C_ops.recv_v2(shape, t.dtype, local_peer, ring_id, True, t.is_dynamic)
+    out.set_type(t.value_type)
+    op = out.get_defining_op()
+    op.set_execution_stream("recv_stream")
+    op.set_scheduling_priority(0)
+    op.set_int_attr("pipesplit_peer", peer)
+    comm_ops.append(op)
+    paddle._C_ops.set_persistable_value(out, t.name)
+    return out
+
+
+def comm_peers(program) -> List[Tuple[str, int, Optional[int]]]:
+    """(op name, ring id, global peer) of each p2p / broadcast op of a comm sub-program; the
+    global peer is the ``pipesplit_peer`` attribute (nccl) or the broadcast root (gloo)."""
+    out = []
+    for op in program.global_block().ops:
+        name = op.name()
+        if name in ("pd_op.send_v2", "pd_op.recv_v2"):
+            attrs = op.attrs()
+            out.append((name, int(attrs["ring_id"]), int(attrs["pipesplit_peer"])))
+        elif name == "pd_op.broadcast_":
+            attrs = op.attrs()
+            out.append((name, int(attrs["ring_id"]), int(attrs["root"])))
+    return out

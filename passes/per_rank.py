@@ -1,0 +1,420 @@
+"""One rank's programs of a multi-process pipeline (``pp_stage = r``).
+
+The input program holds every virtual stage (chunk id = GLOBAL stage).  It is split as in the
+one-process emulation (:func:`pipesplit.ir_utils.split_program`); then rank ``r`` keeps the
+sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.stage(r, c)``):
+``forward{c}``, ``backward{c}`` / ``backward_b{c}`` / ``backward_w{c}``, ``send_forward{c}``,
+``recv_forward{c}``, ``send_backward{c}``, ``recv_backward{c}`` and ``optimizer``.
+
+* Handoffs crossing from stage ``s`` to ``s+1`` (forward) or ``s`` to ``s-1`` (input gradients)
+  between two ranks become p2p transfers in the send / recv sub-programs
+  (:mod:`pipesplit.ir_utils.p2p`: gloo broadcasts on CPU, NCCL send_v2 / recv_v2 on GPU).
+  Adjacent stages on one rank (the V placement's turn) hand over in memory.
+* The optimizer sub-program keeps only the updates of the parameters this rank's stages use.
+* The job order is the rank's list from :func:`pipesplit.job_list.lower.lower_comm` (a
+  rendezvous-safe order: every rank issues its communications in one global order), optimizer
+  last.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+from pipesplit.job_list import OPTIMIZER, Schedule
+from pipesplit.job_list.ir import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD)
+from pipesplit.job_list.lower import lower_comm, peer_of
+from pipesplit.job_list.validate import validate
+
+from ._paddle import require_supported_paddle
+from .config import PipelineConfig
+
+paddle = require_supported_paddle()
+
+from pipesplit.ir_utils import complete_program, make_plan, split_program  # noqa: E402
+from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
+from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
+                                    build_comm_program, ring_pair)
+from pipesplit.ir_utils.split_backward import split_backward  # noqa: E402
+
+DEVICES = ("auto", "cpu", "gpu")
+_TYPE_RE = re.compile(r"^(forward|backward_b|backward_w|backward|send_forward|recv_forward|"
+                      r"send_backward|recv_backward)(\d+)$")
+_COMPUTE_KINDS = ("forward", "backward", "backward_b", "backward_w")
+_COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
+
+
+def parse_job_type(job_type: str) -> Tuple[str, Optional[int]]:
+    """``"backward_b3"`` -> ``("backward_b", 3)``; ``"optimizer"`` -> ``("optimizer", None)``."""
+    if job_type == OPTIMIZER:
+        return OPTIMIZER, None
+    m = _TYPE_RE.match(job_type)
+    if not m:
+        raise ValueError(f"not a pipesplit job type: {job_type!r}")
+    return m.group(1), int(m.group(2))
+
+
+@dataclass
+class CommJobInfo:
+    """What one comm job type of this rank carries."""
+
+    job_type: str
+    peer: Optional[int]
+    transfers: List[Transfer]
+
+
+@dataclass
+class RankInfo:
+    """Rank-specific facts of a per-rank plan (``PipelinePlan.rank_info``)."""
+
+    rank: int
+    pp: int
+    backend: str                      # "gloo" (CPU) or "nccl" (GPU)
+    stages: Dict[int, int]            # local chunk -> global stage
+    param_names: List[str]            # parameters this rank holds and updates
+    comm: Dict[str, CommJobInfo] = field(default_factory=dict)
+    ring_ids: Dict[Tuple[int, int], int] = field(default_factory=dict)
+    fetch_names: List[str] = field(default_factory=list)
+    feed_names: List[str] = field(default_factory=list)   # data ops this rank's programs read
+    # the rank's comm jobs of one step, in order: (job type, micro-batch, peer)
+    comm_sequence: List[Tuple[str, int, Optional[int]]] = field(default_factory=list)
+
+    def describe_comm(self, index: int) -> str:
+        """Name the ``index``-th comm job of a step (for watchdogs and error messages)."""
+        if not 0 <= index < len(self.comm_sequence):
+            return f"no comm job #{index} (the step has {len(self.comm_sequence)})"
+        t, mb, peer = self.comm_sequence[index]
+        return f"{t} micro-batch {mb} with rank {peer} (comm job {index + 1} of " \
+               f"{len(self.comm_sequence)} in the step)"
+
+
+def resolve_device(device: str = "auto") -> str:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if device != "auto":
+        return device
+    place = paddle.framework._current_expected_place()
+    if isinstance(place, paddle.CUDAPlace):
+        return "gpu"
+    if isinstance(place, paddle.CPUPlace):
+        return "cpu"
+    return "gpu" if paddle.is_compiled_with_cuda() and \
+        paddle.device.cuda.device_count() > 0 else "cpu"
+
+
+def _check_cpu_pp(pp: int) -> None:
+    if pp > 2:
+        raise ValueError(
+            f"pp_degree={pp} with pp_stage set needs point-to-point communication between more "
+            "than two processes, which Paddle 3.3.1's CPU build cannot do: its send_v2 / recv_v2 "
+            "CPU kernels are stubs, and its executor uses the communicator of the first ring it "
+            "meets for every collective, so each process has one usable communicator (ring 0) "
+            "and a send / recv pair is a broadcast over it, which works only with two ranks. "
+            "Use pp_degree=2 on CPU, a GPU build (NCCL send_v2 / recv_v2), or pp_stage=None to "
+            "emulate all pp_degree ranks in one process")
+
+
+def _names_in(program) -> Set[str]:
+    """Persistable / named values a program refers to: kwargs, parameters, data, outputs."""
+    out = set()
+    blk = program.global_block()
+    out.update(blk.kwargs())
+    for op in blk.ops:
+        name = op.name()
+        if name == "builtin.parameter":
+            out.add(op.attrs()["parameter_name"])
+        elif name == "pd_op.data":
+            out.add(op.attrs()["name"])
+        elif name == "builtin.shadow_output":
+            out.add(op.attrs()["output_name"])
+    return out
+
+
+def _params_in(program) -> Set[str]:
+    return {op.attrs()["parameter_name"] for op in program.global_block().ops
+            if op.name() == "builtin.parameter"}
+
+
+def _data_in(program) -> Set[str]:
+    """Names of the (non-persistable) data ops a program reads: the feeds."""
+    return {op.attrs()["name"] for op in program.global_block().ops
+            if op.name() == "pd_op.data" and not op.result(0).persistable}
+
+
+def cross_rank_transfers(split: SplitProgram, schedule: Schedule) -> List[Transfer]:
+    """Every handoff crossing between two ranks, once per (name, receiving stage)."""
+    placement = schedule.placement
+    out = []
+    for name in sorted(split.handoffs):
+        h = split.handoffs[name]
+        pkind, pstage = parse_job_type(h.producer)
+        if pstage is None:
+            continue
+        seen = set()
+        for consumer in h.consumers:
+            ckind, cstage = parse_job_type(consumer)
+            if cstage is None:
+                raise ValueError(f"handoff {name} from {h.producer} is read by the optimizer")
+            if placement.rank_of(cstage) == placement.rank_of(pstage) or cstage in seen:
+                continue
+            forward = pkind == "forward" and cstage == pstage + 1
+            backward = pkind in ("backward", "backward_b") and cstage == pstage - 1
+            if not (forward or backward):
+                raise ValueError(
+                    f"handoff {name} goes from {h.producer} (stage {pstage}) to {consumer} "
+                    f"(stage {cstage}) on another rank; across ranks only a forward output to "
+                    "the next stage and an input gradient (backward / backward_b) to the "
+                    "previous stage can be sent")
+            seen.add(cstage)
+            value = split.programs[consumer].global_block().kwargs()[name]
+            out.append(Transfer(name, value.type(), placement.rank_of(pstage),
+                                placement.rank_of(cstage), pstage, cstage))
+    return out
+
+
+def _comm_transfers(kind: str, stage: int, transfers: List[Transfer]) -> List[Transfer]:
+    if kind == SEND_FORWARD:
+        sel = [t for t in transfers if t.src_stage == stage and t.dst_stage == stage + 1]
+    elif kind == RECV_FORWARD:
+        sel = [t for t in transfers if t.dst_stage == stage and t.src_stage == stage - 1]
+    elif kind == SEND_BACKWARD:
+        sel = [t for t in transfers if t.src_stage == stage and t.dst_stage == stage - 1]
+    else:  # RECV_BACKWARD
+        sel = [t for t in transfers if t.dst_stage == stage and t.src_stage == stage + 1]
+    return sorted(sel, key=lambda t: t.name)
+
+
+def p2p_ring_ids(schedule: Schedule) -> Dict[Tuple[int, int], int]:
+    """One NCCL p2p ring per pair of ranks holding adjacent stages, created in the same order
+    on every rank (Paddle's auto-parallel ``new_process_group``, so ``instantiate()`` makes the
+    comm contexts the executor looks up by ring id)."""
+    from paddle.distributed.auto_parallel.static.process_group import new_process_group
+
+    placement = schedule.placement
+    ids = {}
+    for s in range(schedule.num_stages - 1):
+        a, b = placement.rank_of(s), placement.rank_of(s + 1)
+        if a == b:
+            continue
+        pair = ring_pair(a, b)
+        if pair not in ids:
+            ids[pair] = new_process_group(list(pair), group_type="p2p").id
+    return ids
+
+
+def filter_optimizer(program, local: Set[str], foreign: Set[str]) -> None:
+    """Erase (in place) every optimizer op that touches a ``foreign`` persistable value (another
+    rank's parameter, accumulator, counter), then the ops left without users.  Raises
+    ``ValueError`` if one op mixes local and foreign values (e.g. global-norm clipping)."""
+    blk = program.global_block()
+    ops = list(blk.ops)
+    tainted_ids: Set[int] = set()
+    local_ids: Set[int] = set()
+    for name, kw in blk.kwargs().items():
+        if name in foreign:
+            tainted_ids.add(kw.id)
+        elif name in local:
+            local_ids.add(kw.id)
+    drop = []
+    for op in ops:
+        if op.name() == "builtin.parameter":
+            pname = op.attrs()["parameter_name"]
+            if pname in foreign:
+                tainted_ids.add(op.result(0).id)
+            elif pname in local:
+                local_ids.add(op.result(0).id)
+            continue
+        srcs = [v for v in op.operands_source() if v is not None and v.initialized()]
+        is_foreign = any(v.id in tainted_ids for v in srcs)
+        is_local = any(v.id in local_ids for v in srcs)
+        if is_foreign and is_local:
+            raise ValueError(
+                f"optimizer op {op.name()} combines parameters held by different pipeline "
+                "ranks (e.g. global-norm gradient clipping); per-rank optimizers need each "
+                "update to touch one rank's parameters only")
+        ids = {r.id for r in op.results()}
+        if is_foreign:
+            tainted_ids |= ids
+            drop.append(op)
+        elif is_local:
+            local_ids |= ids
+    def producers(op):
+        return [(d.id(), d) for d in (v.get_defining_op() for v in op.operands_source()
+                                      if v is not None and v.initialized()) if d is not None]
+
+    erased: Set[int] = {op.id() for op in drop}
+    candidates = []
+    for op in reversed(drop):
+        candidates += producers(op)
+        op.erase()
+    while candidates:  # producers left without users (parameters, constants, casts ...)
+        oid, op = candidates.pop()
+        if oid in erased or not op.num_results() \
+                or not all(r.use_empty() for r in op.results()):
+            continue
+        candidates += producers(op)
+        erased.add(oid)
+        op.erase()
+    for name in list(blk.kwargs()):
+        if name in foreign and blk.kwargs()[name].use_empty():
+            blk.erase_kwarg(name)
+
+
+def build_rank_plan(main_program, startup_program, config: PipelineConfig,
+                    device: str = "auto", progress: bool = True):
+    """The :class:`~pipesplit.passes.pipeline.PipelinePlan` of rank ``config.pp_stage``.
+
+    ``device``: "cpu" (gloo broadcasts, pp_degree <= 2), "gpu" (NCCL send_v2 / recv_v2) or
+    "auto" (from Paddle's current expected place).  ``progress``: comm programs bump the
+    persistable counter :data:`pipesplit.ir_utils.p2p.PROGRESS_VAR` (zero it per step) so a
+    watchdog can name the comm job a stuck rank waits in.
+    """
+    from .pipeline import PipelinePlan, make_schedule
+
+    rank = config.pp_stage
+    if rank is None:
+        raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
+    device = resolve_device(device)
+    backend = "gloo" if device == "cpu" else "nccl"
+    assert backend in BACKENDS
+    if backend == "gloo":
+        _check_cpu_pp(config.pp_degree)
+    schedule = make_schedule(config)
+    lowered = lower_comm(schedule, config.costs)
+    validate(lowered)  # a bad order is rejected before anything starts
+    placement = schedule.placement
+
+    work = main_program.clone()
+    complete_program(work)
+    report = None
+    if config.splits_backward:
+        report = split_backward(work)
+    split = split_program(work, config.num_stages, split_backward=config.splits_backward,
+                          accumulate=config.grad_accumulation)
+
+    stages = {c: placement.stage(rank, c) for c in range(config.vpp_degree)}
+    stage_to_chunk = {s: c for c, s in stages.items()}
+    compute_kinds = (["forward", "backward_b", "backward_w"] if config.splits_backward
+                     else ["forward", "backward"])
+
+    # ownership of persistable names by rank (from the compute programs that use them)
+    owners: Dict[str, Set[int]] = {}
+    for t, prog in split.programs.items():
+        kind, s = parse_job_type(t)
+        if kind not in _COMPUTE_KINDS:
+            continue
+        for n in _names_in(prog):
+            owners.setdefault(n, set()).add(placement.rank_of(s))
+    params = set()
+    for t, prog in split.programs.items():
+        kind, s = parse_job_type(t)
+        if kind in _COMPUTE_KINDS:
+            params |= _params_in(prog)
+    shared = sorted(p for p in params if len(owners.get(p, ())) > 1)
+    if shared:
+        raise ValueError(f"parameters {shared[:8]} are used by stages on different pipeline "
+                         "ranks (tied weights); per-rank programs would need to all-reduce "
+                         "their gradients, which pipesplit does not do")
+    local = {n for n, r in owners.items() if rank in r}
+    foreign = {n for n, r in owners.items() if rank not in r}
+
+    programs: Dict[str, object] = {}
+    for c, s in stages.items():
+        for kind in compute_kinds:
+            programs[f"{kind}{c}"] = split.programs[f"{kind}{s}"]
+
+    transfers = cross_rank_transfers(split, schedule)
+    ring_ids = p2p_ring_ids(schedule) if backend == "nccl" else {}
+    comm: Dict[str, CommJobInfo] = {}
+    for c, s in stages.items():
+        for kind in _COMM_KINDS:
+            t = f"{kind}{c}"
+            sel = _comm_transfers(kind, s, transfers)
+            prog, comm_ops = build_comm_program(sel, rank, backend, ring_ids=ring_ids,
+                                                progress=progress and bool(sel) and backend == "gloo")
+            programs[t] = prog
+            peer = None
+            if sel:
+                peer = sel[0].dst if sel[0].src == rank else sel[0].src
+            comm[t] = CommJobInfo(t, peer, sel)
+            if backend == "nccl":
+                _add_events(split, stage_to_chunk, kind, s, sel, comm_ops, programs)
+
+    opt = split.programs[OPTIMIZER]
+    filter_optimizer(opt, local, foreign)
+    programs[OPTIMIZER] = opt
+
+    job_order = []
+    comm_sequence = []
+    for job in lowered.ranks[rank]:
+        if job.kind == OPTIMIZER:
+            continue
+        job_order.append((job.type, job.micro_batch))
+        if job.is_comm:
+            comm_sequence.append((job.type, job.micro_batch, peer_of(schedule, rank, job)))
+            info = comm[job.type]
+            if info.transfers and info.peer != comm_sequence[-1][2]:
+                raise AssertionError(f"{job.type}: lowering peer {comm_sequence[-1][2]} != "
+                                     f"program peer {info.peer}")
+    job_order.append((OPTIMIZER, 0))
+
+    fetches = [(f"{parse_job_type(t)[0]}{stage_to_chunk[parse_job_type(t)[1]]}", n)
+               for t, n in split.fetches
+               if parse_job_type(t)[1] is not None and parse_job_type(t)[1] in stage_to_chunk]
+    used = dict.fromkeys(t for t, _ in job_order)
+    rank_split = SplitProgram(
+        programs={t: programs[t] for t in programs},
+        num_chunks=config.vpp_degree, split_backward=config.splits_backward,
+        handoffs={n: h for n, h in split.handoffs.items()
+                  if parse_job_type(h.producer)[1] in stage_to_chunk
+                  or any(parse_job_type(c)[1] in stage_to_chunk for c in h.consumers)},
+        fetches=fetches)
+    rank_split.accumulation = split.accumulation
+    plan = make_plan(job_order, {t: programs[t] for t in used}, config.num_micro_batches)
+    feed_names = sorted(set().union(*(_data_in(programs[t]) for t in used)))
+    info = RankInfo(rank=rank, pp=config.pp_degree, backend=backend, stages=stages,
+                    param_names=sorted(p for p in params if p in local),
+                    comm=comm, ring_ids=ring_ids, fetch_names=[n for _, n in fetches],
+                    feed_names=feed_names, comm_sequence=comm_sequence)
+    result = PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report)
+    result.rank_info = info
+    return result
+
+
+def _first_user(program, name: str):
+    """First op of ``program`` reading its block kwarg ``name``."""
+    blk = program.global_block()
+    kw = blk.kwargs().get(name)
+    if kw is None:
+        return None
+    for op in blk.ops:
+        if any(v.id == kw.id for v in op.operands_source() if v is not None and v.initialized()):
+            return op
+    return None
+
+
+def _producer_op(program, name: str):
+    """The op computing handoff ``name`` in its producer ``program`` (the operand of the
+    ``shadow_output`` writing it)."""
+    for op in program.global_block().ops:
+        if op.name() == "builtin.shadow_output" and op.attrs()["output_name"] == name:
+            return op.operand_source(0).get_defining_op()
+    return None
+
+
+def _add_events(split, stage_to_chunk, kind, stage, sel, comm_ops, programs):
+    """GPU: producer op -> send op, and recv op -> first consumer op, as event dependencies."""
+    for t, op in zip(sel, comm_ops):
+        event = f"pipesplit_{kind}_{t.name}"
+        if kind in (SEND_FORWARD, SEND_BACKWARD):
+            producer = _producer_op(split.programs[split.handoffs[t.name].producer], t.name)
+            if producer is not None:
+                add_event_dependency(producer, op, event)
+        else:
+            for consumer in split.handoffs[t.name].consumers:
+                ckind, cstage = parse_job_type(consumer)
+                if cstage != stage:
+                    continue
+                user = _first_user(split.programs[consumer], t.name)
+                if user is not None:
+                    add_event_dependency(op, user, f"{event}_{consumer}")

@@ -1,0 +1,80 @@
+"""The strategy hook: Paddle's auto-parallel ``pipeline_pass`` routed to pipesplit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import paddle
+from paddle.distributed.auto_parallel.static import engine, pir_pass
+
+from pipesplit.ir_utils import PlanRunner, build_gpt, init_scope, read_params, run_unsplit_baseline
+from pipesplit.passes import strategy as ps_strategy
+from pipesplit.passes import registration
+
+M, PP, VPP, STEPS = 4, 2, 2, 2
+
+
+def _pipeline_strategy(mode, pp=PP, vpp=VPP, m=M, split_backward=False):
+    s = paddle.distributed.Strategy()
+    s.pipeline.enable = True
+    s.pipeline.schedule_mode = mode
+    s.pipeline.pp_degree = pp
+    s.pipeline.vpp_degree = vpp
+    s.pipeline.accumulate_steps = m
+    s.pipeline.split_backward = split_backward
+    return s.pipeline
+
+
+@pytest.fixture
+def enabled():
+    ps_strategy.enable_strategy()
+    yield
+    ps_strategy.disable_strategy()
+
+
+def test_paddle_rejects_pipesplit_names_without_the_hook():
+    assert not ps_strategy.is_strategy_enabled()
+    built = build_gpt(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
+    with pytest.raises(AssertionError, match="FThenB, 1F1B and VPP"):
+        pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV"))
+
+
+@pytest.mark.parametrize("mode,vpp,split_backward", [("ZBV", 2, False), ("ZBH1", 1, False),
+                                                     ("DualPipeV", 2, False), ("VPP", 2, True)])
+def test_engine_entry_point_trains_like_unsplit(enabled, mode, vpp, split_backward):
+    # the exact names the engine calls: engine.pipeline_pass (imported) and pir_pass's
+    assert engine.pipeline_pass is ps_strategy.pipeline_pass
+    assert pir_pass.pipeline_pass is ps_strategy.pipeline_pass
+    built = build_gpt(num_stages=PP * vpp, hidden=16, batch_size=2 * M, seed=3)
+    plan = engine.pipeline_pass([built.main], [built.main],
+                                _pipeline_strategy(mode, vpp=vpp, split_backward=split_backward))
+    assert isinstance(plan, paddle.base.core.Plan)
+    pipeline = ps_strategy.last_pipeline()
+    assert pipeline.plan is plan and pipeline.schedule.name == \
+        ps_strategy.config_from_strategy(_pipeline_strategy(mode, vpp=vpp)).schedule
+    scope = init_scope(built, pipeline.split)
+    runner = PlanRunner(plan, scope)
+    losses = np.array([runner.step(built.make_batch(s)) for s in range(STEPS)], np.float64)
+    ref_losses, ref_params = run_unsplit_baseline(built, STEPS, M)
+    assert np.max(np.abs(losses - np.array(ref_losses))) <= 1e-6
+    params = read_params(scope, built.param_names)
+    assert max(float(np.max(np.abs(params[n] - ref_params[n]))) for n in ref_params) <= 1e-6
+
+
+def test_disable_restores_paddle():
+    original = pir_pass.pipeline_pass
+    was = registration.is_enabled()
+    ps_strategy.enable_strategy()
+    assert registration.is_enabled()
+    ps_strategy.disable_strategy()
+    assert pir_pass.pipeline_pass is original and engine.pipeline_pass is original
+    assert registration.is_enabled() == was
+    assert not ps_strategy.is_strategy_enabled()
+
+
+def test_bad_strategy_values_are_named(enabled):
+    built = build_gpt(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
+    with pytest.raises(ValueError, match="schedule"):
+        pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("NoSuchSchedule"))
+    with pytest.raises(ValueError, match="num_micro_batches"):
+        pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV", m=0))

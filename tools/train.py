@@ -1,0 +1,266 @@
+"""Multi-process pipeline training: one process per pipeline rank (pp = world size).
+
+    python -m paddle.distributed.launch --nproc_per_node 2 tools/train.py \\
+        --schedule VPP --vpp 2 -m 4 --steps 2 --json out.json
+
+Same model, data and arguments as ``pipesplit demo`` (``--pp`` defaults to the world size and
+must equal it).  Every rank builds the same full program and the same startup program (seeded,
+so parameters start identical), applies pipesplit's pass with ``pp_stage`` = its rank, and runs
+the steps; the rank holding the loss reports the per-micro-batch losses.  With ``--json`` the
+last rank writes the demo's record: ``losses`` (pipeline), ``baseline_losses`` (an unsplit run
+it computes itself) and ``max_param_diff`` (over every rank's parameters, gathered through the
+launcher's TCP store).
+
+On CPU (gloo) pp must be 2 (see :mod:`pipesplit.ir_utils.p2p`); on a GPU build the ranks talk
+over NCCL send_v2 / recv_v2.
+
+A hang does not stay silent: gloo collectives time out (about 30 s) and a watchdog thread
+(``--watchdog`` seconds per step) reports the rank, the step and the comm job it is stuck in
+(send / recv, chunk, micro-batch, peer rank), then ends the process with exit code 3.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Optional, Sequence
+
+if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+EXIT_HANG = 3
+EXIT_ERROR = 2
+
+
+def make_parser():
+    from pipesplit.tools.demo import make_parser as demo_parser
+
+    p = demo_parser()
+    p.prog = "tools/train.py"
+    p.description = __doc__.splitlines()[0]
+    p.set_defaults(pp=None)
+    p.add_argument("--watchdog", type=float, default=120.0,
+                   help="seconds one step may take before the rank reports where it is stuck "
+                        "and exits (default 120; gloo's own timeout is about 30 s)")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="p2p flavour: cpu (gloo broadcasts, pp=2), gpu (NCCL), auto: from the place")
+    p.add_argument("--params-out", metavar="PATH",
+                   help="write every rank's final parameters (gathered) to this .npz file")
+    p.add_argument("--fail-at", metavar="RANK:STEP[:hang]", default=None,
+                   help="testing aid: rank RANK exits abruptly (or, with ':hang', stops "
+                        "responding) at the start of step STEP, to check that the other ranks "
+                        "report the failure instead of hanging")
+    return p
+
+
+class Watchdog:
+    """Names the comm job a rank is stuck in when a step runs longer than ``timeout``."""
+
+    def __init__(self, rank, info, scope, timeout, log=sys.stderr):
+        self.rank, self.info, self.scope, self.timeout, self.log = rank, info, scope, timeout, log
+        self.step = None
+        self.started = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+
+    def begin(self, step):
+        self.step, self.started = step, time.monotonic()
+
+    def end(self):
+        self.step = None
+
+    def where(self) -> str:
+        """The comm job the rank is in (from the progress counter the comm programs bump)."""
+        import numpy as np
+
+        from pipesplit.ir_utils.p2p import PROGRESS_VAR
+
+        var = self.scope.find_var(PROGRESS_VAR)
+        if var is None or not self.info.comm_sequence:
+            return "no communication job"
+        done = int(round(float(np.array(var.get_tensor()).reshape(-1)[0])))
+        if done >= len(self.info.comm_sequence):
+            return "after its last comm job (compute or optimizer)"
+        return self.info.describe_comm(done)
+
+    def report(self, what) -> str:
+        return (f"pipesplit train: rank {self.rank} {what} in step {self.step}, waiting in "
+                f"{self.where()}")
+
+    def _run(self):
+        while not self._stop.wait(0.5):
+            if self.step is not None and time.monotonic() - self.started > self.timeout:
+                print(self.report(f"no progress for {self.timeout:g} s"), file=self.log,
+                      flush=True)
+                os._exit(EXIT_HANG)
+
+
+def _store():
+    from paddle.base import core
+
+    return core.create_or_get_global_tcp_store()
+
+
+def _exchange(rank, world, key, payload: dict, gather_to: Optional[int]):
+    """Put ``payload`` under ``key/rank`` in the launcher's TCP store; ``gather_to`` gets all."""
+    store = _store()
+    store.set(f"pipesplit/{key}/{rank}", json.dumps(payload).encode())
+    if rank != gather_to:
+        return None
+    return [json.loads(bytes(store.get(f"pipesplit/{key}/{r}")).decode()) for r in range(world)]
+
+
+def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Optional[dict]:
+    """Train on this rank; on the last rank return the demo's record plus ``params`` (every
+    rank's parameters, gathered) and ``loss_rank``; ``None`` on the other ranks.  ``tag``
+    namespaces the TCP-store keys (one per run when a process runs several)."""
+    import numpy as np
+
+    import paddle
+    from pipesplit.ir_utils import PlanRunner, init_scope, read_params, run_unsplit_baseline
+    from pipesplit.ir_utils.p2p import PROGRESS_VAR
+    from pipesplit.passes.config import PipelineConfig
+    from pipesplit.passes.per_rank import build_rank_plan
+    from pipesplit.tools.demo import build_model
+
+    paddle.enable_static()
+    model = build_model(args)
+    attrs = dict(num_micro_batches=args.m, pp_degree=world, vpp_degree=args.vpp,
+                 split_backward=args.split_backward, pp_stage=rank)
+    config = PipelineConfig.from_attrs(args.schedule, attrs)
+    pipeline = build_rank_plan(model.main, model.startup, config, device=args.device)
+    info = pipeline.rank_info
+    place = (paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id)
+             if info.backend == "nccl" else paddle.CPUPlace())
+    if info.backend == "nccl":  # NCCL comm contexts of the p2p rings, same order on every rank
+        from paddle.distributed.auto_parallel.static.process_group import get_process_group
+
+        for ring_id in sorted(info.ring_ids.values()):
+            get_process_group(ring_id).instantiate()
+    scope = init_scope(model, pipeline.split, place)
+    scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
+    print(f"rank {rank}/{world}: {pipeline.schedule.name} vpp={args.vpp} m={args.m} stages "
+          f"{sorted(info.stages.values())}, {len(info.param_names)} parameters, "
+          f"{len(info.comm_sequence)} comm jobs per step ({info.backend})", file=log, flush=True)
+
+    fail_rank, fail_step, fail_mode = None, None, "exit"
+    if args.fail_at:
+        parts = args.fail_at.split(":")
+        fail_rank, fail_step = int(parts[0]), int(parts[1])
+        fail_mode = parts[2] if len(parts) > 2 else "exit"
+    watchdog = Watchdog(rank, info, scope, args.watchdog, log).start()
+    runner = PlanRunner(pipeline.plan, scope, place)
+    losses = []
+    try:
+        for step in range(args.steps):
+            if rank == fail_rank and step == fail_step:
+                print(f"rank {rank}: --fail-at: {fail_mode} at step {step}", file=log, flush=True)
+                if fail_mode == "hang":
+                    time.sleep(3600)
+                os._exit(1)
+            batch = model.make_batch(step)
+            feed = {k: v for k, v in batch.items() if k in info.feed_names}
+            scope.find_var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
+            watchdog.begin(step)
+            try:
+                out = runner.step(feed)
+            except Exception as exc:  # gloo timeout, peer gone ...
+                message = watchdog.report("failed")
+                raise RuntimeError(f"{message}: {' '.join(str(exc).split())[:2000]}") from exc
+            watchdog.end()
+            if info.fetch_names:
+                losses.append([float(x) for x in out])
+    finally:
+        watchdog.stop()
+
+    params = read_params(scope, info.param_names)
+    # every run checks itself against the unsplit baseline (cheap for the demo's models)
+    baseline_losses = baseline_params = None
+    if rank == world - 1:
+        baseline_losses, baseline_params = run_unsplit_baseline(model, args.steps, args.m)
+    payload = {"rank": rank, "losses": losses if info.fetch_names else None,
+               "params": {n: np.asarray(v).tolist() for n, v in params.items()}}
+    gathered = _exchange(rank, world, tag, payload, gather_to=world - 1)
+    record = None
+    if gathered is not None:
+        holder = next(g for g in gathered if g["losses"] is not None)
+        all_params = {n: np.asarray(v, np.float32) for g in gathered
+                      for n, v in g["params"].items()}
+        max_diff = max(float(np.max(np.abs(v - baseline_params[n])))
+                       for n, v in all_params.items())
+        record = {"losses": holder["losses"],
+                  "baseline_losses": [[float(x) for x in row] for row in baseline_losses],
+                  "max_param_diff": max_diff,
+                  "loss_rank": holder["rank"], "world_size": world,
+                  "schedule": pipeline.schedule.name, "params": all_params}
+        print(f"{'step':>4}  {'loss (pipeline)':>16}  {'loss (unsplit)':>15}  "
+              f"{'max |diff| per mb':>17}", file=log)
+        for step, (ours, ref) in enumerate(zip(record["losses"], record["baseline_losses"])):
+            diff = max(abs(a - b) for a, b in zip(ours, ref))
+            print(f"{step:>4}  {np.mean(ours):>16.7f}  {np.mean(ref):>15.7f}  {diff:>17.2e}",
+                  file=log)
+        print(f"max parameter difference after {args.steps} steps (all ranks): "
+              f"{max_diff:.2e}", file=log, flush=True)
+    # keep the store (hosted by rank 0) alive until the last rank has read it
+    _exchange(rank, world, tag + "/done", {}, gather_to=0)
+    return record
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from pipesplit.tools.demo import quiet_paddle
+
+    args = make_parser().parse_args(argv)
+    quiet_paddle()
+    import paddle
+    import paddle.distributed as dist
+
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    if world < 2:
+        print("tools/train.py: error: run it under `python -m paddle.distributed.launch "
+              "--nproc_per_node N` with N >= 2 (pp = world size); for one process use "
+              "`pipesplit demo`", file=sys.stderr)
+        return EXIT_ERROR
+    if args.pp is not None and args.pp != world:
+        print(f"tools/train.py: error: --pp {args.pp} != world size {world} (pp is the number "
+              "of processes)", file=sys.stderr)
+        return EXIT_ERROR
+    args.pp = world
+    dist.init_parallel_env()  # dynamic mode: gloo on CPU, NCCL on GPU
+    rank = dist.get_rank()
+    try:
+        from pipesplit.tools.demo import _check
+
+        _check(args)
+        record = run(args, rank, world)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        if os.environ.get("PIPESPLIT_DEBUG") == "1":
+            traceback.print_exc()
+        print(f"tools/train.py: rank {rank}: error: {' '.join(str(exc).split())[:3000]}",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_ERROR)  # do not wait on peers in interpreter teardown
+    if record is not None:
+        params = record.pop("params")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=1)
+        if args.params_out:
+            import numpy as np
+
+            np.savez(args.params_out, **params)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip Paddle's teardown (the gloo context may block on a gone peer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
