@@ -1,5 +1,6 @@
 """PIR program surgery for pipesplit: role / chunk completion, gradient accumulation,
 sub-program extraction and a single-process plan runner."""
+from ._callstack import without_op_callstacks
 from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
 from .complete import check_program, complete_program
 from .extract import Handoff, SplitProgram, job_types_for, split_program
@@ -13,5 +14,5 @@ __all__ = [
     "Handoff", "SplitProgram", "job_types_for", "split_program",
     "BuiltModel", "build_gpt", "build_mlp",
     "PlanRunner", "fthenb_order", "init_scope", "make_plan", "read_params", "required_vars_of", "run_plan",
-    "run_unsplit_baseline",
+    "run_unsplit_baseline", "without_op_callstacks",
 ]

@@ -88,17 +88,21 @@ def _check_int(name, value, minimum=1):
 
 def split_program(program, num_chunks: int, split_backward: bool = False,
                   accumulate: Optional[str] = "avg",
-                  fetch_names: Optional[Sequence[str]] = None) -> SplitProgram:
+                  fetch_names: Optional[Sequence[str]] = None,
+                  completed: bool = False) -> SplitProgram:
     """Split ``program`` (never modified) into forward{c}, backward{c} (or backward_b{c} /
     backward_w{c}), empty send/recv{c} and optimizer sub-programs.
 
     accumulate: "avg" (default), "sum" or None (no gradient accumulation).
     fetch_names: names of forward values (``set_persistable_value`` / shadow_output names) to
     fetch per micro-batch; default: every shadow_output name written by a forward op.
+    completed: ``program`` is the caller's private clone, already through ``complete_program``;
+    it is used (and gets the accumulators) as it is, saving a second copy and completion.
     """
     _check_int("num_chunks", num_chunks)
-    work = program.clone()
-    complete_program(work)
+    work = program if completed else program.clone()
+    if not completed:
+        complete_program(work)
     check_program(work, num_chunks)
     info = add_gradient_accumulation(work, accumulate) if accumulate else None
     split = _distribute(work, num_chunks, split_backward, fetch_names)

@@ -79,16 +79,10 @@ def _layer_norm(init, x, hidden):
     return paddle.nn.functional.layer_norm(x, [hidden], weight=g, bias=b, epsilon=1e-5)
 
 
-ADAM_EPSILON = 1e-6
-
-
 def _make_optimizer(optimizer, lr):
     if optimizer == "sgd":
         return paddle.optimizer.SGD(learning_rate=lr)
-    # Adam divides by sqrt(v) + epsilon, so for a gradient entry near 0 it multiplies fp32
-    # rounding differences (M micro-batch sums vs one full-batch sum) by lr / epsilon.  A larger
-    # epsilon than the default 1e-8 damps that amplification in parity checks.
-    return paddle.optimizer.Adam(learning_rate=lr, epsilon=ADAM_EPSILON)
+    return paddle.optimizer.Adam(learning_rate=lr)
 
 
 def _build(body, feed_specs, make_batch, num_stages, batch_size, optimizer, lr, seed):

@@ -45,7 +45,8 @@ def _check_m(num_micro_batches):
 
 
 def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.pir.Program"],
-              num_micro_batches: int) -> "core.Plan":
+              num_micro_batches: int, required_vars: Optional[Dict[str, Iterable[str]]] = None
+              ) -> "core.Plan":
     """``core.Plan`` running ``job_order`` ((job type, micro-batch id) pairs, in order).
 
     Skip-gc sets: walking the order backwards per micro-batch, a job keeps (does not free) the
@@ -60,7 +61,11 @@ def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.
         if not isinstance(mb, int) or not 0 <= mb < num_micro_batches:
             raise ValueError(f"micro-batch id {mb!r} of {t} not in [0, {num_micro_batches})")
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
-    required = required_vars_of(used)
+    if required_vars is None:
+        required = required_vars_of(used)
+    else:  # the split already knows each program's names: only drop the never-read buffers
+        no_need = core.get_no_need_buffer_values(used)
+        required = {t: set(required_vars[t]) - set(no_need.get(t, ())) for t in used}
     jobs = []
     for t, mb in job_order:
         job = core.Job(t)

@@ -31,11 +31,10 @@ from .config import PipelineConfig
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import complete_program, make_plan, split_program  # noqa: E402
+from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
                                     build_comm_program, ring_pair)
-from pipesplit.ir_utils.split_backward import split_backward  # noqa: E402
 
 DEVICES = ("auto", "cpu", "gpu")
 _TYPE_RE = re.compile(r"^(forward|backward_b|backward_w|backward|send_forward|recv_forward|"
@@ -269,7 +268,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     persistable counter :data:`pipesplit.ir_utils.p2p.PROGRESS_VAR` (zero it per step) so a
     watchdog can name the comm job a stuck rank waits in.
     """
-    from .pipeline import PipelinePlan, make_schedule
+    from .pipeline import PipelinePlan, make_schedule, split_sub_programs
 
     rank = config.pp_stage
     if rank is None:
@@ -284,13 +283,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     validate(lowered)  # a bad order is rejected before anything starts
     placement = schedule.placement
 
-    work = main_program.clone()
-    complete_program(work)
-    report = None
-    if config.splits_backward:
-        report = split_backward(work)
-    split = split_program(work, config.num_stages, split_backward=config.splits_backward,
-                          accumulate=config.grad_accumulation)
+    split, report = split_sub_programs(main_program, config)
 
     stages = {c: placement.stage(rank, c) for c in range(config.vpp_degree)}
     stage_to_chunk = {s: c for c, s in stages.items()}

@@ -21,7 +21,8 @@ from .config import PipelineConfig
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import complete_program, make_plan, split_program  # noqa: E402
+from pipesplit.ir_utils import (complete_program, make_plan, split_program,  # noqa: E402
+                                without_op_callstacks)
 from pipesplit.ir_utils.split_backward import SplitReport, split_backward  # noqa: E402
 
 
@@ -73,6 +74,19 @@ def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
     return order
 
 
+def split_sub_programs(main_program, config: PipelineConfig):
+    """(SplitProgram, SplitReport or None): one sub-program per (kind, global stage), with the
+    backward split into B / W when the schedule needs it and gradient accumulation added.
+    Works on a clone; the op-creation call stacks Paddle would record are skipped (speed)."""
+    with without_op_callstacks():
+        work = main_program.clone()
+        complete_program(work)
+        report = split_backward(work) if config.splits_backward else None
+        split = split_program(work, config.num_stages, split_backward=config.splits_backward,
+                              accumulate=config.grad_accumulation, completed=True)
+    return split, report
+
+
 def split_and_schedule(main_program, startup_program, config: PipelineConfig) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts."""
     if config.pp_stage is not None:
@@ -83,13 +97,7 @@ def split_and_schedule(main_program, startup_program, config: PipelineConfig) ->
     schedule = make_schedule(config)
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)
-    work = main_program.clone()
-    complete_program(work)
-    report = None
-    if config.splits_backward:
-        report = split_backward(work)
-    split = split_program(work, config.num_stages, split_backward=config.splits_backward,
-                          accumulate=config.grad_accumulation)
+    split, report = split_sub_programs(main_program, config)
     job_order = emulated_job_order(schedule, config.costs)
-    plan = make_plan(job_order, split.programs, config.num_micro_batches)
+    plan = make_plan(job_order, split.programs, config.num_micro_batches, split.required_vars)
     return PipelinePlan(config, schedule, lowered, job_order, split, plan, report)

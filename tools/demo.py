@@ -34,6 +34,17 @@ def make_parser() -> argparse.ArgumentParser:
                    help="split backward into backward_b / backward_w (implied by zero-bubble schedules)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write losses, baseline_losses, max_param_diff")
+    p.add_argument("--profile", action="store_true",
+                   help="profile the model's jobs first (pipesplit profile) and schedule with the "
+                        "measured costs")
+    p.add_argument("--memory-limit", default=None, metavar="X",
+                   help="activation-memory limit per rank for schedules that take one (auto): "
+                        "bytes with a suffix (KB/MB/GB; needs --profile, converted with the "
+                        "measured activation size per stage per micro-batch) or simulator units "
+                        "(a plain number)")
+    p.add_argument("--profile-repeats", type=int, default=3,
+                   help="timed runs per profiled plan (with --profile; default 3)")
+    p.add_argument("--profile-json", metavar="PATH", help="with --profile: write the cost file")
     return p
 
 
@@ -64,12 +75,14 @@ def run(args) -> dict:
     model = build_model(args)
     attrs = dict(num_micro_batches=args.m, pp_degree=args.pp, vpp_degree=args.vpp,
                  split_backward=args.split_backward)
+    attrs.update(_profiled_attrs(args, model))
     pipeline = apply_pipeline(model.main, model.startup, args.schedule, attrs)
     sim = pipeline.simulate()
     print(f"{pipeline.schedule.name}: pp={args.pp} vpp={args.vpp} m={args.m} "
           f"({args.model}, {len(model.param_names)} parameters, {args.steps} steps, "
           f"all ranks emulated in one process)")
-    print(ascii_grid(sim))
+    # measured costs vary widely: squeeze the grid instead of one column per shortest job
+    print(ascii_grid(sim, width=160) if getattr(args, "profile", False) else ascii_grid(sim))
     print(f"simulated makespan {sim.makespan:g}, bubble ratio {sim.bubble_ratio:.3f}, "
           f"peak activations per rank {[round(x, 2) for x in sim.peak_memory]}")
 
@@ -87,6 +100,43 @@ def run(args) -> dict:
         print(f"{step:>4}  {np.mean(ours):>16.7f}  {np.mean(ref):>15.7f}  {diff:>17.2e}")
     print(f"max parameter difference after {args.steps} steps: {max_param_diff:.2e}")
     return {"losses": losses, "baseline_losses": baseline_losses, "max_param_diff": max_param_diff}
+
+
+def _profiled_attrs(args, model) -> dict:
+    """``costs`` / ``memory_limit`` pass attrs from ``--profile`` / ``--memory-limit``."""
+    limit = getattr(args, "memory_limit", None)
+    if not getattr(args, "profile", False) and limit is None:
+        return {}
+    from pipesplit.passes.profile import format_bytes, parse_memory
+
+    attrs = {}
+    if limit is not None:
+        value, is_bytes = parse_memory(limit)
+        if is_bytes and not args.profile:
+            raise ValueError(f"--memory-limit {limit} is in bytes: add --profile to measure the "
+                             f"activation size that converts it to simulator units")
+    if args.profile:
+        from pipesplit.passes.profile import profile_jobs
+
+        if args.profile_repeats < 1:
+            raise ValueError(f"--profile-repeats must be >= 1, got {args.profile_repeats}")
+        profile = profile_jobs(model, args.pp, args.vpp, args.m, repeats=args.profile_repeats)
+        print(f"profiled {args.model} in {profile.meta['profile_seconds']:g} s (ms per job, "
+              f"one process):")
+        print(profile.table())
+        if args.profile_json:
+            profile.save(args.profile_json)
+            print(f"wrote {args.profile_json}")
+        attrs["costs"] = profile.costs
+        if limit is not None and is_bytes:
+            units = profile.bytes_to_units(value)
+            print(f"memory limit {format_bytes(value)} = {units:.3g} units of "
+                  f"{format_bytes(profile.unit_bytes)} (largest stage's activations per "
+                  f"micro-batch)")
+            value = units
+    if limit is not None:
+        attrs["memory_limit"] = value
+    return attrs
 
 
 def quiet_paddle() -> None:

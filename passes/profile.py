@@ -1,0 +1,655 @@
+"""Measure per-job costs of a model in Paddle's executor, for the simulator and ``auto``.
+
+:func:`profile_jobs` splits the model (once with ``split_backward=True`` for forward /
+backward_b / backward_w / optimizer / send / recv, once unsplit for the full backward) and runs
+small ``core.Plan`` s built with :func:`~pipesplit.ir_utils.make_plan` on the standalone executor:
+
+* **time** of job type ``T`` (one chunk = one global stage): the plan ``P`` of every job type
+  before ``T`` in a grouped F-then-B order (each type for every micro-batch: ``forward0 x m``,
+  ``forward1 x m`` ... ``backward_b{S-1} x m``, ``backward_w{S-1} x m`` ...) is timed against
+  ``P + [T for each micro-batch] * K`` (``K = max(inner, len(P) / m)``); the difference of the median run times, divided by
+  ``K * m``, is one job's time.  Both executors are built once and their runs interleaved,
+  so executor set-up and drift cancel.
+* **live memory** of job type ``T``: the prefix plans are built with the skip-gc sets of the FULL
+  order (a value a later, absent job still reads is kept), so after running a prefix on a fresh
+  scope the allocator's current value holds exactly what the pipeline keeps alive at that
+  point.  The growth across ``T``'s ``m`` jobs divided by ``m`` is ``T``'s live-memory delta per
+  micro-batch; ``forward`` deltas are the activation bytes of one stage for one micro-batch,
+  the unit of :func:`~pipesplit.job_list.simulate.simulate`'s memory model.
+
+Allocator statistics: ``host_memory_stat_*("Allocated", 0)`` on CPU, ``device_memory_stat_*``
+on GPU (process RSS hides the allocator's caching).  Times are milliseconds.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from pipesplit.job_list.simulate import COST_FIELDS, Costs
+
+from ._paddle import require_supported_paddle
+
+paddle = require_supported_paddle()
+from paddle.base import core  # noqa: E402
+
+from pipesplit.ir_utils import init_scope, make_plan  # noqa: E402
+from pipesplit.ir_utils.runner import _as_tensor, required_vars_of  # noqa: E402
+
+COMM_KINDS = ("send_forward", "recv_forward", "send_backward", "recv_backward")
+STAGE_KINDS = ("forward", "backward", "backward_b", "backward_w") + COMM_KINDS
+FORMAT = "pipesplit-profile/1"
+_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+# --------------------------------------------------------------------------- allocator stats
+
+class MemoryStats:
+    """Current / peak allocated bytes of Paddle's allocator for ``place`` (host or device)."""
+
+    def __init__(self, place=None):
+        self.place = place if place is not None else paddle.CPUPlace()
+        if isinstance(self.place, paddle.CPUPlace):
+            self.device_id = 0
+            self._cur = core.host_memory_stat_current_value
+            self._peak = core.host_memory_stat_peak_value
+            self._reset = core.host_memory_stat_reset_peak_value
+        else:
+            self.device_id = self.place.get_device_id()
+            self._cur = core.device_memory_stat_current_value
+            self._peak = core.device_memory_stat_peak_value
+            self._reset = core.device_memory_stat_reset_peak_value
+
+    def current(self) -> int:
+        return int(self._cur("Allocated", self.device_id))
+
+    def peak(self) -> int:
+        return int(self._peak("Allocated", self.device_id))
+
+    def reset_peak(self) -> None:
+        self._reset("Allocated", self.device_id)
+
+
+@contextlib.contextmanager
+def serial_executor(enabled: bool = False):
+    """Optionally run Paddle's executor on one thread, ops in program order, while measuring
+    memory.  Off by default: on the 2-core test machine it did not make the allocator's peak
+    repeatable (peaks of a small model still varied ~20% between processes) and it raised the
+    transient part."""
+    flags = ("FLAGS_new_executor_serial_run", "FLAGS_new_executor_sequential_run")
+    if not enabled:
+        yield
+        return
+    old = paddle.get_flags(list(flags))
+    paddle.set_flags({f: True for f in flags})
+    try:
+        yield
+    finally:
+        paddle.set_flags(old)
+
+
+def _sync(place) -> None:
+    if not isinstance(place, paddle.CPUPlace) and paddle.is_compiled_with_cuda():
+        paddle.device.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------- plan helpers
+
+def plan_with_gc_of(prefix_len: int, full_order: Sequence[Tuple[str, int]], programs,
+                    num_micro_batches: int):
+    """``core.Plan`` of the first ``prefix_len`` jobs of ``full_order`` whose skip-gc sets are
+    those of the whole order: values a later job would read stay alive after the plan ends."""
+    full_order = list(full_order)
+    used = {t: programs[t] for t in dict.fromkeys(t for t, _ in full_order)}
+    required = required_vars_of(used)
+    later = [set() for _ in range(num_micro_batches)]
+    skip = [None] * len(full_order)
+    for i in reversed(range(len(full_order))):
+        t, mb = full_order[i]
+        skip[i] = required[t] & later[mb]
+        later[mb] |= required[t]
+    jobs = []
+    for i in range(prefix_len):
+        t, mb = full_order[i]
+        job = core.Job(t)
+        job.set_micro_batch_id(mb)
+        job.set_skip_gc_vars(skip[i])
+        jobs.append(job)
+    return core.Plan(jobs, {t: programs[t] for t in dict.fromkeys(t for t, _ in full_order[:prefix_len])})
+
+
+class _Exec:
+    """One plan on its own executor and scope, fed with one fixed batch."""
+
+    def __init__(self, plan, scope, feed, place):
+        self.plan, self.scope, self.feed, self.place = plan, scope, feed, place
+        self.exe = None
+
+    def set_feed(self):
+        for name, arr in self.feed.items():
+            core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
+
+    def run(self) -> float:
+        """Seconds of one executor run (feed set before the clock starts)."""
+        self.set_feed()
+        if self.exe is None:
+            self.exe = paddle.base.executor._StandaloneExecutor(self.place, self.plan, self.scope)
+        _sync(self.place)
+        t0 = time.perf_counter()
+        self.exe.run(list(self.feed))
+        _sync(self.place)
+        return time.perf_counter() - t0
+
+    def run_measured(self, stats: MemoryStats) -> Tuple[int, int]:
+        """(live bytes after, peak bytes during) one run, both relative to just before it."""
+        self.set_feed()
+        if self.exe is None:
+            self.exe = paddle.base.executor._StandaloneExecutor(self.place, self.plan, self.scope)
+        _sync(self.place)
+        before = stats.current()
+        stats.reset_peak()
+        self.exe.run(list(self.feed))
+        _sync(self.place)
+        return stats.current() - before, stats.peak() - before
+
+
+# --------------------------------------------------------------------------- Profile
+
+@dataclass
+class Profile:
+    """Measured per-stage job times (ms) and live-memory deltas (bytes per micro-batch).
+
+    ``times[kind]`` / ``memory[kind]``: one value per global stage for ``forward``,
+    ``backward``, ``backward_b``, ``backward_w`` and the four send / recv kinds;
+    ``times["optimizer"]`` is one number (the whole optimizer job).
+    """
+
+    times: Dict[str, Union[List[float], float]]
+    memory: Dict[str, List[int]]
+    meta: dict = field(default_factory=dict)
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.times["forward"])
+
+    @property
+    def activation_bytes(self) -> List[int]:
+        """Bytes one micro-batch's forward keeps alive per stage (the simulator's unit)."""
+        return [max(0, int(x)) for x in self.memory["forward"]]
+
+    @property
+    def unit_bytes(self) -> int:
+        """Bytes of one simulator memory unit: the largest stage's activations for one
+        micro-batch (so a byte limit converted with it is never exceeded by any stage)."""
+        return max(1, max(self.activation_bytes))
+
+    @property
+    def costs(self) -> Costs:
+        t = self.times
+        comm = [t[k][s] for k in COMM_KINDS for s in range(self.num_stages)]
+        lo = _floor(t)
+        return Costs(forward=_clamp(t["forward"], lo), backward=_clamp(t["backward"], lo),
+                     backward_b=_clamp(t["backward_b"], lo), backward_w=_clamp(t["backward_w"], lo),
+                     comm=max(0.0, round(statistics.median(comm), 6)) if comm else 0.0)
+
+    def bytes_to_units(self, n_bytes: float) -> float:
+        return float(n_bytes) / self.unit_bytes
+
+    # -- (de)serialisation --------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": FORMAT,
+                "costs": self.costs.to_dict(),
+                "memory": {"unit_bytes": self.unit_bytes,
+                           "activation_bytes": self.activation_bytes,
+                           "job_delta_bytes": {k: list(v) for k, v in self.memory.items()}},
+                "times_ms": {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                             for k, v in self.times.items()},
+                "meta": dict(self.meta)}
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+            f.write("\n")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Profile":
+        if "times_ms" not in data or "memory" not in data:
+            raise ValueError("not a pipesplit profile (needs 'times_ms' and 'memory')")
+        missing = [k for k in ("forward", "backward_b", "backward_w") if k not in data["times_ms"]]
+        if missing:
+            raise ValueError(f"profile lacks job kinds {missing}")
+        times = {k: (list(v) if isinstance(v, list) else v) for k, v in data["times_ms"].items()}
+        memory = {k: list(v) for k, v in data["memory"]["job_delta_bytes"].items()}
+        return cls(times, memory, dict(data.get("meta", {})))
+
+    @classmethod
+    def load(cls, path: str) -> "Profile":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    # -- report ---------------------------------------------------------------------------
+    def table(self) -> str:
+        kinds = [k for k in STAGE_KINDS if k in self.times]
+        head = ["stage"] + [f"{k} ms" for k in kinds]
+        rows = [head]
+        for s in range(self.num_stages):
+            rows.append([str(s)] + [f"{self.times[k][s]:.4g}" for k in kinds])
+        out = [_table(rows)]
+        out.append(f"optimizer {self.times.get('optimizer', 0.0):.4g} ms (whole job)")
+        mkinds = [k for k in ("forward", "backward", "backward_b", "backward_w") if k in self.memory]
+        rows = [["stage"] + [f"{k} live delta" for k in mkinds]]
+        for s in range(self.num_stages):
+            rows.append([str(s)] + [format_bytes(self.memory[k][s]) for k in mkinds])
+        out.append(_table(rows))
+        out.append(f"memory unit (largest stage's activations, one micro-batch): "
+                   f"{format_bytes(self.unit_bytes)}")
+        return "\n".join(out)
+
+
+def _floor(times: Dict[str, object]) -> float:
+    """Smallest time a cost may take: 5% of the median compute job (a measured difference at or
+    below zero is noise around a job that costs next to nothing)."""
+    values = [float(v) for k in ("forward", "backward_b", "backward_w")
+              for v in times.get(k, ()) if float(v) > 0]
+    return max(1e-6, 0.05 * statistics.median(values)) if values else 1e-3
+
+
+def _clamp(values, floor):
+    return tuple(float(f"{max(floor, float(v)):.4g}") for v in values)
+
+
+def _table(rows) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, row in enumerate(rows):
+        lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_bytes(n: float) -> str:
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.3g} {unit}"
+        n /= 1024
+    return f"{sign}{n:.3g} GB"
+
+
+def parse_memory(text: Union[str, float, int]) -> Tuple[float, bool]:
+    """``"2GB"`` -> (2**31, True) bytes; ``"12"`` / ``12`` -> (12.0, False) simulator units.
+    Suffixes B, KB, MB, GB, TB (binary, 1 KB = 1024 B; KiB ... accepted too)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, is_bytes = float(text), False
+    else:
+        s = str(text).strip().upper().replace(" ", "")
+        digits = s.rstrip("KMGTIB")
+        suffix = s[len(digits):]
+        if suffix not in _UNITS:
+            raise ValueError(f"memory limit must be a number of units or bytes with a suffix "
+                             f"B/KB/MB/GB, got {text!r}")
+        try:
+            value = float(digits)
+        except ValueError:
+            raise ValueError(f"memory limit must be a number of units or bytes with a suffix "
+                             f"B/KB/MB/GB, got {text!r}") from None
+        is_bytes = bool(suffix)
+        value *= _UNITS[suffix]
+    if not value > 0:
+        raise ValueError(f"memory limit must be > 0, got {text!r}")
+    return value, is_bytes
+
+
+# --------------------------------------------------------------------------- profiling
+
+def build_model(model: str, num_stages: int, m: int, *, hidden: int = 32, layers_per_stage: int = 1,
+                micro_batch_size: int = 2, optimizer: str = "sgd", seed: int = 0, **extra):
+    """``build_gpt`` / ``build_mlp`` with the batch ``m * micro_batch_size``."""
+    from pipesplit.ir_utils import build_gpt, build_mlp
+
+    if model not in ("gpt", "mlp"):
+        raise ValueError(f"model must be 'gpt' or 'mlp', got {model!r}")
+    builder = build_gpt if model == "gpt" else build_mlp
+    return builder(num_stages=num_stages, layers_per_stage=layers_per_stage, hidden=hidden,
+                   batch_size=m * micro_batch_size, optimizer=optimizer,
+                   lr=1e-3 if optimizer == "adam" else 0.1, seed=seed, **extra)
+
+
+def split_programs(model, pp: int, vpp: int, m: int, split_backward: bool):
+    """The SplitProgram of ``model`` (through :func:`apply_pipeline`, FThenB)."""
+    from pipesplit.passes import apply_pipeline
+
+    attrs = dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp, split_backward=split_backward)
+    return apply_pipeline(model.main, model.startup, "FThenB", attrs).split
+
+
+def _grouped_types(num_stages: int, split_backward: bool) -> List[str]:
+    types = [f"forward{s}" for s in range(num_stages)]
+    for s in reversed(range(num_stages)):
+        types += [f"backward_b{s}", f"backward_w{s}"] if split_backward else [f"backward{s}"]
+    return types
+
+
+def _grouped_order(types: Sequence[str], m: int) -> List[Tuple[str, int]]:
+    return [(t, mb) for t in types for mb in range(m)]
+
+
+def _median_diff(base: _Exec, probe: _Exec, repeats: int) -> float:
+    """Median over ``repeats`` pairs of (probe run - base run) in seconds, after one warm-up
+    run each; the pairs alternate which plan runs first."""
+    base.run()
+    probe.run()
+    diffs = []
+    for i in range(repeats):
+        if i % 2:
+            tb = base.run()
+            diffs.append(probe.run() - tb)
+        else:
+            tp = probe.run()
+            diffs.append(tp - base.run())
+    return statistics.median(diffs)
+
+
+def profile_jobs(model, pp: int, vpp: int = 1, m: Optional[int] = None, *, repeats: int = 5,
+                 inner: int = 4, place=None, measure_time: bool = True, log=None,
+                 **model_options) -> Profile:
+    """Profile every job type of ``model`` split for ``pp * vpp`` stages and ``m`` micro-batches.
+
+    ``model``: a :class:`~pipesplit.ir_utils.BuiltModel` (its ``num_stages`` must be pp*vpp and
+    its batch divisible by ``m``) or ``"gpt"`` / ``"mlp"`` built with ``model_options``
+    (``hidden``, ``layers_per_stage``, ``micro_batch_size``, ``optimizer``, ``seed``).
+    ``repeats``: timed runs per plan (medians); ``inner``: how many times the probed job type
+    runs for every micro-batch in its probe plan (raised to the prerequisites' job count).  ``measure_time=False`` skips timing (times
+    are then 0) and measures memory only.
+    """
+    from pipesplit.job_list.placement import check_positive_int
+
+    pp = check_positive_int("pp", pp)
+    vpp = check_positive_int("vpp", vpp)
+    m = check_positive_int("m", m if m is not None else 2 * pp)
+    repeats = check_positive_int("repeats", repeats)
+    inner = check_positive_int("inner", inner)
+    num_stages = pp * vpp
+    if isinstance(model, str):
+        kind = model
+        model = build_model(model, num_stages, m, **model_options)
+    else:
+        if model_options:
+            raise TypeError(f"model options {sorted(model_options)} need a model name, not a "
+                            f"BuiltModel")
+        kind = type(model).__name__
+    if model.num_stages != num_stages:
+        raise ValueError(f"model has {model.num_stages} stages, pp*vpp = {num_stages}")
+    if model.batch_size % m:
+        raise ValueError(f"batch size {model.batch_size} is not divisible by m={m}")
+    place = place if place is not None else paddle.CPUPlace()
+    stats = MemoryStats(place)
+    say = log or (lambda *_: None)
+    feed = model.make_batch(0)
+
+    times: Dict[str, object] = {k: [0.0] * num_stages for k in STAGE_KINDS}
+    memory: Dict[str, List[int]] = {k: [0] * num_stages
+                                    for k in ("forward", "backward", "backward_b", "backward_w")}
+    t_start = time.perf_counter()
+    for split_backward in (True, False):
+        split = split_programs(model, pp, vpp, m, split_backward)
+        programs = split.programs
+        types = _grouped_types(num_stages, split_backward)
+        full = _grouped_order(types, m) + [("optimizer", 0)]
+
+        def fresh(plan):
+            return _Exec(plan, init_scope(model, split, place), feed, place)
+
+        # live memory after each prefix of whole job types (fresh scope each)
+        live = [0]
+        with serial_executor():
+            for k in range(1, len(types) + 1):
+                ex = fresh(plan_with_gc_of(k * m, full, programs, m))
+                after, _ = ex.run_measured(stats)
+                live.append(after)
+                del ex
+        for k, t in enumerate(types):
+            kind_name, stage = _split_type(t)
+            if split_backward or kind_name == "backward":
+                memory[kind_name][stage] = int(round((live[k + 1] - live[k]) / m))
+        if not measure_time:
+            continue
+        # times: prerequisites vs prerequisites + inner * m jobs of the probed type
+        scope = init_scope(model, split, place)
+        chain = [f"forward{s}" for s in range(num_stages)]
+        chain += [f"backward{'_b' if split_backward else ''}{s}" for s in reversed(range(num_stages))]
+        probes = [(t, chain[:k]) for k, t in enumerate(chain)]
+        if split_backward:
+            probes += [(f"backward_w{s}", chain[:chain.index(f"backward_b{s}") + 1])
+                       for s in reversed(range(num_stages))]
+            probes.append(("optimizer", []))
+            probes += [(f"{c}{s}", []) for s in range(num_stages) for c in COMM_KINDS]
+        else:
+            probes = [(t, pre) for t, pre in probes if t.startswith("backward")]
+        bases: Dict[int, _Exec] = {}
+        for t, pre in probes:
+            base_order = _grouped_order(pre, m) or [("recv_forward0", 0)]
+            if len(pre) not in bases:
+                bases[len(pre)] = _Exec(make_plan(base_order, programs, m), scope, feed, place)
+            # at least as many probed jobs as prerequisite jobs, so the signal is not drowned
+            # by the prerequisites' run-to-run noise
+            times_over = max(inner, -(-len(base_order) // m))
+            reps = ([(t, 0)] * (times_over * m) if t == "optimizer"
+                    else _grouped_order([t], m) * times_over)
+            probe = _Exec(make_plan(base_order + reps, programs, m), scope, feed, place)
+            per_job = _median_diff(bases[len(pre)], probe, repeats) / len(reps) * 1e3
+            if t == "optimizer":
+                times["optimizer"] = per_job
+            else:
+                kind_name, stage = _split_type(t)
+                times[kind_name][stage] = per_job
+            say(f"  {t}: {per_job:.4g} ms")
+        bases.clear()
+    meta = dict(model=kind, pp=pp, vpp=vpp, m=m, num_stages=num_stages,
+                batch_size=model.batch_size, micro_batch_size=model.batch_size // m,
+                repeats=repeats, inner=inner, place=str(place), time_unit="ms",
+                memory_unit="bytes", paddle=paddle.__version__,
+                profile_seconds=round(time.perf_counter() - t_start, 2))
+    for key, value in model_options.items():
+        if isinstance(value, (int, float, str)):
+            meta.setdefault(key, value)
+    return Profile(times, memory, meta)
+
+
+def _split_type(job_type: str) -> Tuple[str, int]:
+    for kind in sorted(STAGE_KINDS, key=len, reverse=True):
+        if job_type.startswith(kind) and job_type[len(kind):].isdigit():
+            return kind, int(job_type[len(kind):])
+    raise ValueError(f"not a per-stage job type: {job_type!r}")
+
+
+# --------------------------------------------------------------------------- calibration
+
+#: the simulator's memory model (units of one stage's activations for one micro-batch)
+SIM_DELTA = {"forward": 1.0, "backward": -1.0, "backward_b": -0.5, "backward_w": -0.5}
+
+
+def serial_memory(job_order: Sequence[Tuple[str, int]], delta) -> Tuple[float, List[float]]:
+    """(peak, curve) of live memory when ``job_order`` runs one job after the other (as the
+    one-process emulation does); ``delta(kind, stage)`` is a job's live-memory change."""
+    level, curve = 0.0, []
+    for job_type, _ in job_order:
+        if job_type == "optimizer":
+            continue
+        kind, stage = _split_type(job_type)
+        if kind in COMM_KINDS:
+            continue
+        level += delta(kind, stage)
+        curve.append(level)
+    return max(curve, default=0.0), curve
+
+
+def summed_sim_memory(sim) -> float:
+    """Peak over time of the simulator's memory summed over ranks (frees before allocations
+    at equal times): what one address space holding every rank would see if the ranks ran
+    concurrently as simulated."""
+    events = sorted((t, d) for curve in sim.memory_curve
+                    for (t, d) in _deltas(curve))
+    level = peak = 0.0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+def _deltas(curve):
+    prev = 0.0
+    for t, level in curve:
+        yield t, level - prev
+        prev = level
+
+
+def rank_peaks(sim, delta) -> List[float]:
+    """Per-rank peak live memory of the simulated schedule with job deltas ``delta(kind, stage)``
+    (each rank's own compute jobs in its order, frees as they come): what each device of a real
+    multi-rank run would hold."""
+    peaks = []
+    for row in sim.timeline:
+        level = peak = 0.0
+        for t in row:
+            if t.job.kind in SIM_DELTA:
+                level += delta(t.job.kind, t.stage)
+                peak = max(peak, level)
+        peaks.append(peak)
+    return peaks
+
+
+def measured_delta(profile: Profile):
+    """Live-memory change (bytes) of a job as measured: forward +a_s; backward -a_s;
+    backward_b its measured delta; backward_w the rest (-a_s - delta_b), so each micro-batch
+    returns to zero."""
+    act = profile.activation_bytes
+    b = profile.memory.get("backward_b", [0] * len(act))
+
+    def delta(kind, stage):
+        if kind == "forward":
+            return act[stage]
+        if kind == "backward":
+            return -act[stage]
+        db = min(max(b[stage], -act[stage]), act[stage])
+        return db if kind == "backward_b" else -act[stage] - db
+    return delta
+
+
+def sim_delta_bytes(profile: Profile):
+    """The simulator's model (+1, -1, -1/2, -1/2) scaled by each stage's activation bytes."""
+    act = profile.activation_bytes
+    return lambda kind, stage: SIM_DELTA[kind] * act[stage]
+
+
+def measure_schedule(model, schedule: str, pp: int, vpp: int, m: int, profile: Profile, *,
+                     repeats: int = 3, place=None, split_backward: bool = False,
+                     memory_limit: Optional[float] = None) -> dict:
+    """Run one whole step of ``schedule`` (every rank in one process) and set its measured peak
+    allocated bytes and step time beside the simulator's figures (costs from ``profile``)."""
+    from pipesplit.passes import apply_pipeline
+
+    place = place if place is not None else paddle.CPUPlace()
+    stats = MemoryStats(place)
+    costs = profile.costs
+    attrs = dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp, costs=costs,
+                 split_backward=split_backward)
+    if memory_limit is not None:
+        attrs["memory_limit"] = memory_limit
+    pipeline = apply_pipeline(model.main, model.startup, schedule, attrs)
+    sim = pipeline.simulate(costs)
+    feed = model.make_batch(0)
+    with serial_executor():
+        ex = _Exec(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
+        ex.run()  # warm-up: executor built, caches filled
+        _, peak = ex.run_measured(stats)
+        del ex
+    ex = _Exec(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
+    ex.run()
+    step = statistics.median(ex.run() for _ in range(repeats)) * 1e3
+    order = pipeline.job_order
+    serial_units, _ = serial_memory(order, lambda k, s: SIM_DELTA[k])
+    unit = statistics.mean(profile.activation_bytes) or 1
+    return {
+        "schedule": pipeline.schedule.name,
+        "peak_bytes": int(peak),
+        "sim_peak_units": sim.max_peak_memory,
+        "sim_sum_peak_units": summed_sim_memory(sim),
+        "serial_peak_units": serial_units,
+        "serial_peak_bytes_sim": int(serial_memory(order, sim_delta_bytes(profile))[0]),
+        "serial_peak_bytes_measured": int(serial_memory(order, measured_delta(profile))[0]),
+        "rank_peak_bytes_sim": [int(x) for x in rank_peaks(sim, sim_delta_bytes(profile))],
+        "rank_peak_bytes_measured": [int(x) for x in rank_peaks(sim, measured_delta(profile))],
+        "unit_bytes": int(unit),
+        "step_ms": step,
+        "sim_makespan": sim.makespan,
+        "sim_busy_ms": sum(sim.busy),
+        "optimizer_ms": float(profile.times.get("optimizer", 0.0)),
+        "pp": pp, "vpp": vpp, "m": m,
+    }
+
+
+def calibrate(model, pp: int, vpp: int, m: int, profile: Profile,
+              schedules: Optional[Sequence[str]] = None, *, repeats: int = 3, place=None,
+              log=None) -> Tuple[List[dict], List[Tuple[str, str]]]:
+    """:func:`measure_schedule` for each of ``schedules`` (default: every registered one);
+    returns (records, [(name, reason)] for schedules that cannot serve pp / vpp / m)."""
+    from pipesplit.job_list import schedule_names
+    from pipesplit.tools.cli import load_schedules
+
+    load_schedules()
+    records, refused = [], []
+    for name in schedules or schedule_names():
+        try:
+            records.append(measure_schedule(model, name, pp, vpp, m, profile, repeats=repeats,
+                                            place=place))
+        except (ValueError, TypeError) as exc:
+            refused.append((name, " ".join(str(exc).split())[:160]))
+            continue
+        if log:
+            r = records[-1]
+            log(f"  {r['schedule']}: peak {format_bytes(r['peak_bytes'])}, step {r['step_ms']:.1f} ms")
+    return records, refused
+
+
+def calibration_table(records: Sequence[dict], reference: str = "1F1B") -> str:
+    """Measured vs simulated memory and time; ratios are to ``reference``'s figures.
+
+    one process: ``peak`` (measured: allocator peak during one step above the resting level),
+    ``serial`` (the executed global job order walked with the simulator's +1/-1/-1/2/-1/2 model,
+    in bytes of each stage's measured activations) and ``serial*`` (same order, the measured
+    per-job deltas).  per rank (a real multi-rank run, derived): max over ranks of each rank's
+    own job order with the simulator's model (``rank sim``, = sim units x activation bytes) and
+    with the measured deltas (``rank*``).  time: measured step vs the simulator's total busy
+    work (sum over ranks of job times + optimizer: one process runs every rank serially)."""
+    ref = next((r for r in records if r["schedule"] == reference), records[0] if records else None)
+    rows = [["schedule", "peak", "serial", "serial*", "peak/ref", "serial/ref", "serial*/ref",
+             "rank sim", "rank*", "rank sim/ref", "rank*/ref", "sim units",
+             "step ms", "busy ms", "step/busy", "makespan"]]
+
+    def rmax(r, key):
+        return max(r[key])
+
+    for r in records:
+        rows.append([
+            r["schedule"], format_bytes(r["peak_bytes"]), format_bytes(r["serial_peak_bytes_sim"]),
+            format_bytes(r["serial_peak_bytes_measured"]),
+            f"{r['peak_bytes'] / ref['peak_bytes']:.2f}",
+            f"{r['serial_peak_bytes_sim'] / ref['serial_peak_bytes_sim']:.2f}",
+            f"{r['serial_peak_bytes_measured'] / ref['serial_peak_bytes_measured']:.2f}",
+            format_bytes(rmax(r, "rank_peak_bytes_sim")),
+            format_bytes(rmax(r, "rank_peak_bytes_measured")),
+            f"{rmax(r, 'rank_peak_bytes_sim') / rmax(ref, 'rank_peak_bytes_sim'):.2f}",
+            f"{rmax(r, 'rank_peak_bytes_measured') / rmax(ref, 'rank_peak_bytes_measured'):.2f}",
+            f"{r['sim_peak_units']:g}/{r['sim_sum_peak_units']:g}/{r['serial_peak_units']:g}",
+            f"{r['step_ms']:.1f}", f"{r['sim_busy_ms'] + r['optimizer_ms']:.1f}",
+            f"{r['step_ms'] / max(1e-9, r['sim_busy_ms'] + r['optimizer_ms']):.2f}",
+            f"{r['sim_makespan']:.1f}"])
+    return _table(rows)

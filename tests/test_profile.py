@@ -1,0 +1,115 @@
+"""Profiler (pipesplit.passes.profile, ``pipesplit profile``), memory calibration, demo --profile."""
+import json
+
+import pytest
+
+pytest.importorskip("paddle")
+
+from pipesplit.job_list import build_schedule  # noqa: E402
+from pipesplit.job_list.simulate import Costs, simulate  # noqa: E402
+from pipesplit.passes.profile import (Profile, build_model, calibrate, parse_memory,  # noqa: E402
+                                      profile_jobs)
+from pipesplit.tools.cli import load_schedules, main  # noqa: E402
+
+load_schedules()
+TINY = dict(hidden=16, micro_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile():
+    return profile_jobs("mlp", 2, 1, 4, repeats=1, inner=1, **TINY)
+
+
+def test_profile_json_round_trips_into_the_simulator(tiny_profile, tmp_path, capsys):
+    p = tiny_profile
+    kinds = ("forward", "backward", "backward_b", "backward_w", "send_forward", "recv_forward",
+             "send_backward", "recv_backward")
+    assert all(len(p.times[k]) == 2 for k in kinds) and p.times["optimizer"] is not None
+    assert all(b > 0 for b in p.activation_bytes)   # every stage keeps activations alive
+    path = tmp_path / "costs.json"
+    p.save(str(path))
+    data = json.loads(path.read_text())
+    assert set(data) >= {"costs", "memory", "meta"}
+    assert data["memory"]["unit_bytes"] == p.unit_bytes
+    costs = Costs.load(str(path))
+    assert costs == p.costs
+    sim = simulate(build_schedule("1F1B", 2, 1, 4), costs)
+    assert sim.makespan > 0
+    auto = build_schedule("auto", 2, 1, 4, costs=costs, memory_limit=2)
+    assert simulate(auto, costs).max_peak_memory <= 2
+    assert Profile.load(str(path)).activation_bytes == p.activation_bytes
+    assert main(["schedule", "compare", "--pp", "2", "-m", "4", "--costs", str(path)]) == 0
+    assert main(["schedule", "show", "-s", "auto", "--pp", "2", "-m", "4", "--costs", str(path),
+                 "--memory-limit", "2"]) == 0
+    capsys.readouterr()
+
+
+def test_cost_file_missing_a_job_kind_is_refused(tiny_profile, tmp_path, capsys):
+    data = tiny_profile.to_dict()
+    del data["costs"]["backward_w"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="backward_w"):
+        Costs.load(str(path))
+    assert main(["schedule", "show", "-s", "1F1B", "--pp", "2", "-m", "4",
+                 "--costs", str(path)]) == 2
+    assert "backward_w" in capsys.readouterr().err
+    del data["times_ms"]["forward"]
+    with pytest.raises(ValueError, match="forward"):
+        Profile.from_dict(data)
+
+
+def test_parse_memory():
+    assert parse_memory("2GB") == (2 * 2 ** 30, True)
+    assert parse_memory("1.5 mb") == (1.5 * 2 ** 20, True)
+    assert parse_memory("12") == (12.0, False)
+    assert parse_memory(3) == (3.0, False)
+    for bad in ("0", "-1MB", "2XB", "MB", ""):
+        with pytest.raises(ValueError):
+            parse_memory(bad)
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    """Activations dominate: 4 tanh layers per stage, 256 rows x 64 per micro-batch."""
+    model = build_model("mlp", 4, 8, hidden=64, layers_per_stage=4, micro_batch_size=256)
+    profile = profile_jobs(model, 4, 1, 8, measure_time=False)
+    records, _ = calibrate(model, 4, 1, 8, profile, ["FThenB", "1F1B", "ZBH1", "ZBH2"], repeats=1)
+    return {r["schedule"]: r for r in records}
+
+
+def test_measured_memory_ordering(calibration):
+    r = calibration
+    peak = {k: v["peak_bytes"] for k, v in r.items()}
+    predicted = {k: v["serial_peak_bytes_measured"] for k, v in r.items()}
+    assert peak["FThenB"] > 1.5 * peak["1F1B"]
+    assert peak["ZBH2"] > peak["1F1B"]
+    assert peak["ZBH1"] > peak["1F1B"] * 0.9
+    # FThenB's activation-dominated peak: within 20% of the executed order walked with the
+    # measured per-job deltas
+    assert abs(peak["FThenB"] / predicted["FThenB"] - 1) < 0.25, (peak, predicted)
+    # the simulator's per-rank units: 1F1B and ZB-H1 equal, FThenB twice, ZB-H2 in between
+    units = {k: v["sim_peak_units"] for k, v in r.items()}
+    assert units["ZBH1"] == units["1F1B"] < units["ZBH2"] < units["FThenB"]
+
+
+@pytest.mark.xfail(strict=False, reason="Paddle's backward_b frees none of a stage's activations "
+                   "(W still reads every matmul input) and adds the output grads W needs, so "
+                   "deferring W costs ~1.75 units, not the simulator's 1/2: ZB-H1 measures "
+                   "~1.3-1.8x 1F1B in one process")
+def test_zbh1_measures_like_1f1b(calibration):
+    r = calibration
+    assert r["ZBH1"]["peak_bytes"] / r["1F1B"]["peak_bytes"] < 1.2
+
+
+def test_demo_auto_with_profile_and_memory_limit(capsys):
+    args = ["demo", "--schedule", "auto", "--profile", "--model", "mlp", "--pp", "2", "--vpp", "1",
+            "-m", "4", "--steps", "1", "--hidden", "16", "--micro-batch-size", "4",
+            "--profile-repeats", "1"]
+    assert main(args + ["--memory-limit", "1GB"]) == 0
+    out = capsys.readouterr().out
+    assert "memory limit 1 GB =" in out and "max parameter difference" in out
+    assert main(args + ["--memory-limit", "2"]) == 0
+    capsys.readouterr()
+    assert main(["demo", "--schedule", "auto", "--memory-limit", "2GB", "--steps", "1"]) == 2
+    assert "add --profile" in capsys.readouterr().err
