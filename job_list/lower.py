@@ -87,26 +87,36 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
     graph = DependencyGraph(compute)
     if timing is None or timing.schedule.ranks != compute.ranks:
         timing = simulate(compute, costs)  # raises ScheduleError if the compute order deadlocks
-    span = {(t.rank, t.index): (t.start, t.end) for row in timing.timeline for t in row}
-    events = _comm_pairs(compute, graph, span)
-    pending: Dict[Slot, int] = {}          # consumer -> its comm pairs not yet emitted
-    by_producer: Dict[Slot, List[int]] = {}  # producer -> ids of the pairs it feeds
-    for ident, (_, producer, consumer) in enumerate(events):
-        pending[consumer] = pending.get(consumer, 0) + 1
-        by_producer.setdefault(producer, []).append(ident)
+    starts: List[List[float]] = [[0.0] * len(jobs) for jobs in compute.ranks]
+    ends: List[List[float]] = [[0.0] * len(jobs) for jobs in compute.ranks]
+    for row in timing.timeline:
+        for t in row:
+            starts[t.rank][t.index], ends[t.rank][t.index] = t.start, t.end
+    events = _comm_pairs(compute, graph, ends)
+    # Per slot (rank, index): its comm pairs not yet emitted, and the ids of the pairs it feeds.
+    pending = [[0] * len(jobs) for jobs in compute.ranks]
+    by_producer: List[List[Optional[List[int]]]] = [[None] * len(jobs) for jobs in compute.ranks]
+    for ident, (_, (dep_rank, dep_index), (rank, index)) in enumerate(events):
+        pending[rank][index] += 1
+        fed = by_producer[dep_rank][dep_index]
+        if fed is None:
+            fed = by_producer[dep_rank][dep_index] = []
+        fed.append(ident)
+    comm_job = _job_maker()
 
     # Kahn's algorithm over compute jobs and comm pairs, smallest key first: a plain sort by time
-    # could put a zero-cost producer after its consumer on a lower rank.
+    # could put a zero-cost producer after its consumer on a lower rank.  A rank's head job is
+    # queued once, when it has no comm pair left to wait for; it leaves the heap as it runs.
     head = [0] * compute.pp
+    queued = [-1] * compute.pp  # index of the job of each rank now in the heap
     ready: List[tuple] = []
-    queued: set = set()
 
     def offer(rank: int) -> None:
         index = head[rank]
-        if (index < len(compute.ranks[rank]) and not pending.get((rank, index))
-                and (rank, index) not in queued):
-            queued.add((rank, index))
-            heapq.heappush(ready, (span[(rank, index)][0], 1, rank, index, -1))
+        if (index < len(compute.ranks[rank]) and not pending[rank][index]
+                and queued[rank] != index):
+            queued[rank] = index
+            heapq.heappush(ready, (starts[rank][index], 1, rank, index, -1))
 
     for rank in range(compute.pp):
         offer(rank)
@@ -119,11 +129,11 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
             dep = compute.ranks[dep_rank][dep_index]
             job = compute.ranks[rank][index]
             send_kind, recv_kind = comm_kinds(dep)
-            for who, comm in ((dep_rank, Job(send_kind, dep.chunk, dep.micro_batch)),
-                              (rank, Job(recv_kind, job.chunk, job.micro_batch))):
+            for who, comm in ((dep_rank, comm_job(send_kind, dep.chunk, dep.micro_batch)),
+                              (rank, comm_job(recv_kind, job.chunk, job.micro_batch))):
                 ranks[who].append(comm)
                 sequence.append((who, comm))
-            pending[(rank, index)] -= 1
+            pending[rank][index] -= 1
             offer(rank)
             continue
         job = compute.ranks[rank][index]
@@ -131,7 +141,7 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
         sequence.append((rank, job))
         head[rank] += 1
         offer(rank)
-        for ident in by_producer.get((rank, index), ()):
+        for ident in by_producer[rank][index] or ():
             heapq.heappush(ready, events[ident][0])
     if sum(head) != sum(len(jobs) for jobs in compute.ranks):  # simulate() would have raised
         raise AssertionError("comm lowering left compute jobs unplaced")
@@ -144,22 +154,40 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
     return ranks, sequence
 
 
+def _job_maker():
+    """``make(kind, chunk, micro_batch)``: a Job, one shared instance per distinct job (Jobs are
+    frozen; building one runs its argument checks, and lowering makes two per pair)."""
+    made: Dict[Tuple[str, int, int], Job] = {}
+
+    def make(kind: str, chunk: int, micro_batch: int) -> Job:
+        job = made.get((kind, chunk, micro_batch))
+        if job is None:
+            job = made[(kind, chunk, micro_batch)] = Job(kind, chunk, micro_batch)
+        return job
+
+    return make
+
+
 def _comm_pairs(compute: Schedule, graph: DependencyGraph,
-                span: Dict[Slot, Tuple[float, float]]) -> List[Tuple[tuple, Slot, Slot]]:
+                ends: List[List[float]]) -> List[Tuple[tuple, Slot, Slot]]:
     """One (heap key, producer, consumer) per cross-rank dependency, as (rank, index) slots.
 
     The key is the producer's simulated end: the pair is due as soon as the data exists, and
     goes before compute jobs starting at that same time (0 < 1 in the key's second field).
+    The producer is the last job with the dependency's key (there is one unless the schedule
+    repeats a job).
     """
-    where = {job_key(compute, r, j): (r, i) for r, jobs in enumerate(compute.ranks)
-             for i, j in enumerate(jobs)}
+    where: List[Slot] = [(-1, -1)] * len(graph.keys)  # key id -> its last slot
+    for rank, ids in enumerate(graph.key_ids):
+        for index, kid in enumerate(ids):
+            where[kid] = (rank, index)
     events = []
-    for rank, jobs in enumerate(compute.ranks):
-        for index, job in enumerate(jobs):
-            for dep_rank, dep in graph.dependencies(rank, job):
-                if dep_rank != rank:
-                    producer = where[job_key(compute, dep_rank, dep)]
-                    key = (span[producer][1], 0, rank, index, len(events))
+    for rank, deps_row in enumerate(graph.dependency_table()):
+        for index, deps in enumerate(deps_row):
+            for dep, dep_rank in deps:
+                if dep >= 0 and dep_rank != rank:
+                    producer = where[dep]
+                    key = (ends[producer[0]][producer[1]], 0, rank, index, len(events))
                     events.append((key, producer, (rank, index)))
     return events
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from .deps import DependencyGraph, JobKey, job_key
+from .deps import DependencyGraph
 from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
 
 Number = Union[int, float]
@@ -140,40 +140,53 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     costs = costs or Costs()
     costs.check_stages(schedule.num_stages)
     graph = DependencyGraph(schedule)
-    end: Dict[JobKey, float] = {}
+    table = graph.dependency_table()
+    stage_of_id = [stage for stage, _, _ in graph.keys]
+    cost = _cost_table(costs, schedule.num_stages)
+    comm = costs.comm
+    end: List[Optional[float]] = [None] * len(graph.keys)  # per key id
     timeline: List[List[TimedJob]] = [[] for _ in range(schedule.pp)]
     clock = [0.0] * schedule.pp
     head = [0] * schedule.pp
-    remaining = sum(1 for jobs in schedule.ranks for j in jobs if j.is_compute)
-
-    def ready_time(rank: int, job: Job) -> Optional[float]:
-        t = clock[rank]
-        for dep_rank, dep in graph.dependencies(rank, job):
-            finished = end.get(job_key(schedule, dep_rank, dep))
-            if finished is None:
-                return None
-            t = max(t, finished + (costs.comm if dep_rank != rank else 0.0))
-        return t
+    remaining = sum(1 for row in graph.key_ids for kid in row if kid >= 0)
 
     while remaining:
         progressed = False
         for rank, jobs in enumerate(schedule.ranks):
-            while head[rank] < len(jobs):
-                job = jobs[head[rank]]
-                if not job.is_compute:
-                    head[rank] += 1
+            index, count = head[rank], len(jobs)
+            deps, ids, row = table[rank], graph.key_ids[rank], timeline[rank]
+            while index < count:
+                kid = ids[index]
+                if kid < 0:  # send / recv / optimizer: no time of its own
+                    index += 1
                     continue
-                start = ready_time(rank, job)
-                if start is None:
-                    break
-                stage = schedule.placement.stage(rank, job.chunk)
-                finish = start + costs.of(job.kind, stage)
-                end[job_key(schedule, rank, job)] = finish
-                timeline[rank].append(TimedJob(rank, head[rank], job, stage, start, finish))
-                clock[rank] = finish
-                head[rank] += 1
-                remaining -= 1
-                progressed = True
+                start = clock[rank]
+                for dep, dep_rank in deps[index]:
+                    if dep < 0:
+                        continue  # no rank runs it: nothing to wait for (as dependencies())
+                    finished = end[dep]
+                    if finished is None:
+                        break
+                    if dep_rank != rank:
+                        finished += comm
+                    if finished > start:
+                        start = finished
+                else:
+                    job = jobs[index]
+                    stage = stage_of_id[kid]
+                    try:
+                        finish = start + cost[job.kind][stage]
+                    except IndexError:  # placement has more stages than pp*vpp: costs.of raises
+                        finish = start + costs.of(job.kind, stage)
+                    end[kid] = finish
+                    row.append(TimedJob(rank, index, job, stage, start, finish))
+                    clock[rank] = finish
+                    index += 1
+                    remaining -= 1
+                    progressed = True
+                    continue
+                break  # a dependency has not finished yet
+            head[rank] = index
         if not progressed:
             raise ScheduleError(explain_deadlock(schedule.compute_only()))
     makespan = max(clock) if timeline else 0.0
@@ -181,6 +194,12 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     curves = [_memory_curve(row) for row in timeline]
     peaks = [max((level for _, level in curve), default=0.0) for curve in curves]
     return SimResult(schedule, costs, timeline, makespan, busy, peaks, curves)
+
+
+def _cost_table(costs: Costs, num_stages: int) -> Dict[str, List[float]]:
+    """kind -> per-stage cost, so the event loop indexes lists instead of calling ``costs.of``."""
+    return {kind: [costs.of(kind, stage) for stage in range(num_stages)]
+            for kind in (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W)}
 
 
 _MEMORY_DELTA = {FORWARD: 1.0, BACKWARD: -1.0, BACKWARD_B: -0.5, BACKWARD_W: -0.5}

@@ -7,11 +7,10 @@ its cross-rank inputs through a recv that ran earlier on its own rank.
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Dict, List, Optional, Set, Tuple
 
 from .deps import DependencyGraph, JobKey, job_key, short
-from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER, RECV_BACKWARD,
+from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OPTIMIZER, RECV_BACKWARD,
                  RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Job, Schedule)
 
 
@@ -22,11 +21,12 @@ class ScheduleError(ValueError):
 def validate(schedule: Schedule) -> None:
     """Raise :class:`ScheduleError` unless ``schedule`` is complete, ordered and deadlock-free."""
     _check_jobs(schedule)
-    _check_completeness(schedule)
-    _check_local_order(schedule)
+    graph = DependencyGraph(schedule)  # after _check_jobs: every job's stage exists
+    _check_completeness(schedule, graph)
+    _check_local_order(schedule, graph)
     if any(job.is_comm for jobs in schedule.ranks for job in jobs):
-        _check_comm_pairs(schedule)
-    message = _run(schedule)
+        _check_comm_pairs(schedule, graph)
+    message = _run(schedule, graph)
     if message:
         raise ScheduleError(message)
 
@@ -53,78 +53,211 @@ def _check_jobs(schedule: Schedule) -> None:
                                     f"micro-batch must be < m ({schedule.m})")
 
 
-def _check_completeness(schedule: Schedule) -> None:
-    counts: Counter = Counter()
-    for rank, jobs in enumerate(schedule.ranks):
-        for job in jobs:
-            if job.is_compute:
-                counts[job_key(schedule, rank, job)] += 1
-    for key, n in counts.items():
+def _check_completeness(schedule: Schedule, graph: Optional[DependencyGraph] = None) -> None:
+    graph = graph or DependencyGraph(schedule)
+    counts = [0] * len(graph.keys)  # per key id, in order of first occurrence
+    for row in graph.key_ids:
+        for kid in row:
+            if kid >= 0:
+                counts[kid] += 1
+    for kid, n in enumerate(counts):
         if n > 1:
+            key = graph.keys[kid]
             raise ScheduleError(f"job {key[0]}{_op(key[1])}{key[2]} appears {n} times")
+
+    present = set(graph.keys)  # every count is 1 from here on
     for stage in range(schedule.num_stages):
         for mb in range(schedule.m):
-            name = f"stage {stage}, micro-batch {mb}"
-            has = {kind: counts[(stage, kind, mb)] for kind in (FORWARD, BACKWARD, BACKWARD_B,
-                                                                 BACKWARD_W)}
+            has = {kind: int((stage, kind, mb) in present)
+                   for kind in (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W)}
             if not has[FORWARD]:
-                raise ScheduleError(f"{name}: missing forward {stage}F{mb}")
+                raise ScheduleError(f"{_at(stage, mb)}: missing forward {stage}F{mb}")
             full, split = has[BACKWARD], has[BACKWARD_B] + has[BACKWARD_W]
             if full and split:
-                raise ScheduleError(f"{name}: has both a full backward and split I/W jobs")
+                raise ScheduleError(f"{_at(stage, mb)}: has both a full backward and split I/W "
+                                    f"jobs")
             if not full and (has[BACKWARD_B] != 1 or has[BACKWARD_W] != 1):
-                raise ScheduleError(f"{name}: needs one backward (B), or one I and one W; "
-                                    f"found I x{has[BACKWARD_B]}, W x{has[BACKWARD_W]}")
+                raise ScheduleError(f"{_at(stage, mb)}: needs one backward (B), or one I and one "
+                                    f"W; found I x{has[BACKWARD_B]}, W x{has[BACKWARD_W]}")
 
 
-def _check_local_order(schedule: Schedule) -> None:
+def _at(stage: int, mb: int) -> str:
+    return f"stage {stage}, micro-batch {mb}"
+
+
+_NEEDS_LOCALLY = {BACKWARD: FORWARD, BACKWARD_B: FORWARD, BACKWARD_W: BACKWARD_B}
+
+
+def _check_local_order(schedule: Schedule, graph: Optional[DependencyGraph] = None) -> None:
     """F before its B / I, and I before its W, on the owning rank."""
+    graph = graph or DependencyGraph(schedule)
     for rank, jobs in enumerate(schedule.ranks):
         seen: Set[JobKey] = set()
-        for index, job in enumerate(jobs):
-            if not job.is_compute:
+        for index, kid in enumerate(graph.key_ids[rank]):
+            if kid < 0:
                 continue
-            stage, kind, mb = job_key(schedule, rank, job)
-            need = {BACKWARD: FORWARD, BACKWARD_B: FORWARD, BACKWARD_W: BACKWARD_B}.get(kind)
+            key = graph.keys[kid]
+            stage, kind, mb = key
+            need = _NEEDS_LOCALLY.get(kind)
             if need and (stage, need, mb) not in seen:
+                job = jobs[index]
                 raise ScheduleError(f"rank {rank}, job #{index} ({short(schedule, rank, job)}) "
                                     f"comes before its {stage}{_op(need)}{mb}")
-            seen.add((stage, kind, mb))
+            seen.add(key)
 
 
-def _check_comm_pairs(schedule: Schedule) -> None:
+def _check_comm_pairs(schedule: Schedule, graph: Optional[DependencyGraph] = None) -> None:
     """Every send has exactly one matching recv on the peer, and vice versa."""
-    graph = DependencyGraph(schedule)
-    present: Counter = Counter()
+    graph = graph or DependencyGraph(schedule)
+    # (rank, (kind, chunk, micro-batch)) -> [count, job]; plain tuples hash faster than Jobs
+    present: Dict[Tuple[int, tuple], list] = {}
     for rank, jobs in enumerate(schedule.ranks):
         for job in jobs:
             if job.is_comm:
-                present[(rank, job)] += 1
-    for (rank, job), n in present.items():
+                entry = present.setdefault((rank, (job.kind, job.chunk, job.micro_batch)), [0, job])
+                entry[0] += 1
+    for (rank, (_, _, mb)), (n, job) in present.items():
         if n > 1:
             raise ScheduleError(f"rank {rank}: {short(schedule, rank, job)} appears {n} times")
-        peer = graph.comm_partner(rank, job)
-        if peer[0] == rank:
+        peer = graph.comm_peer(rank, job)
+        if peer is None:
+            graph.comm_partner(rank, job)  # raises its "has no peer stage" ValueError
+        peer_rank, peer_kind, peer_chunk = peer
+        if peer_rank == rank:
             raise ScheduleError(f"rank {rank}: {short(schedule, rank, job)} talks to its own rank")
-        if not present.get(peer):
+        if (peer_rank, (peer_kind, peer_chunk, mb)) not in present:
+            peer_job = Job(peer_kind, peer_chunk, mb)
             raise ScheduleError(f"rank {rank}: {short(schedule, rank, job)} has no matching "
-                                f"{short(schedule, *peer)} on rank {peer[0]}")
+                                f"{short(schedule, peer_rank, peer_job)} on rank {peer_rank}")
 
 
 def _op(kind: str) -> str:
     return {FORWARD: "F", BACKWARD: "B", BACKWARD_B: "I", BACKWARD_W: "W"}[kind]
 
 
-def _run(schedule: Schedule) -> Optional[str]:
-    """Execute the schedule symbolically; return a deadlock explanation or None."""
-    graph = DependencyGraph(schedule)
-    lowered = any(job.is_comm for jobs in schedule.ranks for job in jobs)
-    done: Set[JobKey] = set()           # compute jobs finished (any rank)
-    received: Set[Tuple[int, JobKey]] = set()  # (rank, key of remote producer) delivered locally
+# ---------------------------------------------------------------------- symbolic execution
+#
+# _execute runs the schedule on integer tables (the hot loop of validate); only when it gets
+# stuck does _run rebuild the job-level state and ask _blocker why, for the message.  The state
+# it reaches is the same whatever the order ranks are tried in: running a job never stops
+# another from running, so the deadlock (if any) and its explanation do not depend on it.
+
+# What a send / recv / optimizer job at the head of a rank needs before it can run.
+_SEND_STEP, _RECV_STEP, _OTHER_STEP, _NO_PEER_STEP = range(4)
+
+
+def _comm_steps(schedule: Schedule, graph: DependencyGraph) -> List[List[Optional[tuple]]]:
+    """Per rank, per job: None for a compute job (the dependency table covers it), else a tuple
+    starting with a step code.
+
+    send: (code, peer rank, peer job token, key id of the data sent or -1); recv: (code,);
+    optimizer: (code,); a send / recv without a peer stage: (code, job) — comm_partner raises
+    when it is reached.  Tokens are (kind, chunk, micro-batch) tuples, compared instead of Jobs.
+    """
+    steps = []
+    for rank, jobs in enumerate(schedule.ranks):
+        row: List[Optional[tuple]] = []
+        for kid, job in zip(graph.key_ids[rank], jobs):
+            if kid >= 0:
+                row.append(None)
+            elif job.kind not in COMM_KINDS:
+                row.append((_OTHER_STEP,))
+            else:
+                try:
+                    peer = graph.comm_peer(rank, job)
+                except ValueError:  # a chunk the placement lacks: raise it only if reached
+                    peer = None
+                if peer is None:
+                    row.append((_NO_PEER_STEP, job))
+                elif job.kind in (RECV_FORWARD, RECV_BACKWARD):
+                    row.append((_RECV_STEP,))
+                else:
+                    peer_rank, peer_kind, peer_chunk = peer
+                    source = graph.resolve_id(graph.comm_source(rank, job))
+                    row.append((_SEND_STEP, peer_rank, (peer_kind, peer_chunk, job.micro_batch),
+                                source))
+        steps.append(row)
+    return steps
+
+
+def _execute(schedule: Schedule, graph: DependencyGraph, lowered: bool
+             ) -> Tuple[List[int], bytearray, List[bytearray]]:
+    """Run every rank as far as it goes: (head per rank, done flag per key id, per rank the
+    received flag per key id of the remote producer).
+
+    A compute job needs each producer done — or, in a lowered schedule when the producer is on
+    another rank, its data received by a recv earlier on this rank.
+    """
+    table = graph.dependency_table()
+    steps = _comm_steps(schedule, graph)
+    tokens = [[(job.kind, job.chunk, job.micro_batch) for job in jobs] for jobs in schedule.ranks]
+    done = bytearray(len(graph.keys))
+    received = [bytearray(len(graph.keys)) for _ in schedule.ranks]
     head = [0] * schedule.pp
+    lengths = [len(jobs) for jobs in schedule.ranks]
+    progressed = True
+    while progressed:
+        progressed = False
+        for rank, deps_row in enumerate(table):
+            index, end = head[rank], lengths[rank]
+            ids, steps_row, arrived = graph.key_ids[rank], steps[rank], received[rank]
+            while index < end:
+                deps = deps_row[index]
+                if deps is not None:  # a compute job
+                    for dep, dep_rank in deps:
+                        if dep < 0:
+                            break  # no rank runs it
+                        if lowered and dep_rank != rank:
+                            if not arrived[dep]:
+                                break
+                        elif not done[dep]:
+                            break
+                    else:
+                        done[ids[index]] = 1
+                        index += 1
+                        progressed = True
+                        continue
+                    break
+                step = steps_row[index]
+                code = step[0]
+                if code == _SEND_STEP:
+                    _, peer, peer_token, source = step
+                    if source < 0 or not done[source]:
+                        break
+                    peer_head = head[peer]
+                    if peer_head >= lengths[peer] or tokens[peer][peer_head] != peer_token:
+                        break
+                    received[peer][source] = 1  # the pair completes: the peer's recv runs too
+                    head[peer] = peer_head + 1
+                elif code == _RECV_STEP:
+                    break  # completes together with its send, from the sender's side
+                elif code == _NO_PEER_STEP:
+                    graph.comm_partner(rank, step[1])  # raises its "has no peer stage" ValueError
+                index += 1
+                progressed = True
+            head[rank] = index
+    return head, done, received
+
+
+def _run(schedule: Schedule, graph: Optional[DependencyGraph] = None) -> Optional[str]:
+    """Execute the schedule symbolically; return a deadlock explanation or None."""
+    graph = graph or DependencyGraph(schedule)
+    lowered = any(job.is_comm for jobs in schedule.ranks for job in jobs)
+    head, done_ids, received_ids = _execute(schedule, graph, lowered)
+    if all(h >= len(jobs) for h, jobs in zip(head, schedule.ranks)):
+        return None
+    done = {graph.keys[kid] for kid, flag in enumerate(done_ids) if flag}
+    received = {(rank, graph.keys[kid]) for rank, flags in enumerate(received_ids)
+                for kid, flag in enumerate(flags) if flag}
+    return _describe(schedule, head, _blocker(schedule, graph, lowered, done, received, head))
+
+
+def _blocker(schedule: Schedule, graph: DependencyGraph, lowered: bool, done: Set[JobKey],
+             received: Set[Tuple[int, JobKey]], head: List[int]):
+    """``blocker(rank, job)``: why ``job`` at the head of ``rank`` cannot run now, as (reason,
+    (rank, job) awaited), or None if it can — in the words of the deadlock message."""
 
     def blocker(rank: int, job: Job) -> Optional[Tuple[str, Optional[Tuple[int, Job]]]]:
-        """Why ``job`` at the head of ``rank`` cannot run now: (reason, (rank, job) awaited)."""
         if job.is_compute:
             for key in graph.required_keys(rank, job):
                 found = graph.resolve(key)
@@ -156,34 +289,7 @@ def _run(schedule: Schedule) -> Optional[str]:
                 (peer_rank, peer_job)
         return None
 
-    def execute(rank: int, job: Job) -> None:
-        if job.is_compute:
-            done.add(job_key(schedule, rank, job))
-        head[rank] += 1
-
-    total = sum(len(jobs) for jobs in schedule.ranks)
-    executed = 0
-    while executed < total:
-        progressed = False
-        for rank, jobs in enumerate(schedule.ranks):
-            while head[rank] < len(jobs):
-                job = jobs[head[rank]]
-                if blocker(rank, job) is not None:
-                    break
-                if job.kind in (SEND_FORWARD, SEND_BACKWARD):
-                    peer_rank, peer_job = graph.comm_partner(rank, job)
-                    source = graph.resolve(graph.comm_source(rank, job))
-                    received.add((peer_rank, job_key(schedule, *source)))
-                    execute(peer_rank, peer_job)
-                    executed += 1
-                elif job.kind in (RECV_FORWARD, RECV_BACKWARD):
-                    break  # completes together with its send, from the sender's side
-                execute(rank, job)
-                executed += 1
-                progressed = True
-        if not progressed and executed < total:
-            return _describe(schedule, head, blocker)
-    return None
+    return blocker
 
 
 def _describe(schedule: Schedule, head: List[int], blocker) -> str:
