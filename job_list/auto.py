@@ -52,7 +52,6 @@ from .simulate import Costs, lower_bound, simulate
 
 F, I, W = 0, 1, 2
 KIND_NAMES = (FORWARD, BACKWARD_B, BACKWARD_W)
-MEMORY_DELTA = (1.0, -0.5, -0.5)
 EPS = 1e-9
 INF = float("inf")
 AUTO_NAMES = ("auto", "autoV")
@@ -76,6 +75,8 @@ class SearchContext:
         self.S = S = pp * vpp
         self.costs.check_stages(S)
         self.comm = float(self.costs.comm)
+        #: live-unit change at the end of an F, I, W job (the simulator's calibrated model)
+        self.memory_delta = tuple(self.costs.memory_delta(kind) for kind in KIND_NAMES)
         self.rank_of = [0] * S
         self.chunk_of = [0] * S
         for s in range(S):
@@ -132,7 +133,7 @@ class SearchContext:
         """
         end = [-1.0] * self.N
         deps, cost, comm, rank_of = self.deps, self.cost_of, self.comm, self.rank_of_job
-        kind_of = self.kind_of
+        kind_of, delta = self.kind_of, self.memory_delta
         clock = [0.0] * self.pp
         head = [0] * self.pp
         level = [0.0] * self.pp
@@ -162,7 +163,7 @@ class SearchContext:
                         starts[j] = st
                     t = st + cost[j]
                     end[j] = t
-                    lv += MEMORY_DELTA[kind_of[j]]
+                    lv += delta[kind_of[j]]
                     if lv > peak:
                         peak = lv
                     h += 1
@@ -391,7 +392,7 @@ def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Opt
             last[r] = I
         end = start + cost[kind][s]
         clock[r] = end
-        level[r] += MEMORY_DELTA[kind]
+        level[r] += ctx.memory_delta[kind]
         orders[r].append(ctx.id(kind, s, mb))
         remaining -= 1
         if kind == F:
@@ -699,9 +700,11 @@ def default_memory_limit(pp: int, vpp: int, m: int) -> float:
     return float(min(pp, m) * vpp)
 
 
-def minimum_memory(pp: int, vpp: int, m: int) -> float:
-    """The least peak (units per rank) any valid schedule reaches: ``vpp``."""
-    return float(vpp)
+def minimum_memory(pp: int, vpp: int, m: int, w_memory: float = 0.5) -> float:
+    """The least peak (units per rank) any valid schedule reaches: ``vpp`` (when the last stage
+    runs a micro-batch's I, every rank still holds all vpp forwards of it), plus what that I
+    adds when the calibrated ``w_memory`` exceeds a whole unit."""
+    return float(vpp) + max(0.0, w_memory - 1.0)
 
 
 def fixed_candidates(pp: int, vpp: int, m: int, placement: str, costs: Costs):
@@ -733,14 +736,15 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
     costs = costs if costs is not None else Costs()
     if not isinstance(costs, Costs):
         raise TypeError(f"costs must be a Costs, got {type(costs).__name__}")
-    least = minimum_memory(pp, vpp, m)
+    least = minimum_memory(pp, vpp, m, costs.w_memory)
     if memory_limit is None:
         memory_limit = default_memory_limit(pp, vpp, m)
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)):
         raise TypeError(f"memory_limit must be a number, got {memory_limit!r}")
     if memory_limit < least - EPS:
         raise ValueError(f"memory_limit must be >= {least:g} (vpp={vpp} units: every valid schedule "
-                         f"holds all vpp forwards of a micro-batch on each rank), got {memory_limit:g}")
+                         f"holds all vpp forwards of a micro-batch on each rank, plus "
+                         f"max(0, w_memory-1)), got {memory_limit:g}")
     began = time.perf_counter()
     best = None  # (makespan, placement, source, job lists)
     baseline, baseline_span = None, INF

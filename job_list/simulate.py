@@ -3,7 +3,8 @@ its rank is free and its dependencies are done (plus the latency ``comm`` when t
 another rank).  Send / recv jobs take no time of their own: the latency stands for them.
 
 Memory model (units of one stage's activations for one micro-batch): +1 at the end of F(s, mb);
--1 at the end of its B, or -1/2 at the end of I and -1/2 at the end of W.
+-1 at the end of its B, or -(1-h) at the end of I and -h at the end of W, with h =
+``Costs.w_memory`` (1/2 by default, as in the zero-bubble paper).
 """
 from __future__ import annotations
 
@@ -17,13 +18,18 @@ from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
 Number = Union[int, float]
 PerStage = Union[Number, Sequence[Number]]
 COST_FIELDS = ("forward", "backward", "backward_b", "backward_w")
+EXTRA_FIELDS = ("comm", "w_memory")
 
 
 @dataclass(frozen=True)
 class Costs:
     """Time per job kind, a scalar or one value per global virtual stage, and the p2p latency.
 
-    ``backward`` defaults to ``backward_b + backward_w``.
+    ``backward`` defaults to ``backward_b + backward_w``.  ``w_memory`` is the memory model's one
+    calibrated number: the units of a stage's activations still alive between the end of its I
+    and the end of its W (the zero-bubble paper's 1/2; ``pipesplit profile`` measures it, and in
+    Paddle's executor it is larger, since W reads every matmul input plus the output gradients
+    that I produced).
     """
 
     forward: PerStage = 1.0
@@ -31,6 +37,7 @@ class Costs:
     backward_b: PerStage = 1.0
     backward_w: PerStage = 1.0
     comm: Number = 0.0
+    w_memory: Number = 0.5
 
     def __post_init__(self):
         for name in COST_FIELDS:
@@ -43,6 +50,13 @@ class Costs:
                     raise ValueError(f"costs.{name} must be numbers >= 0, got {value!r}")
         if not isinstance(self.comm, (int, float)) or self.comm < 0:
             raise ValueError(f"costs.comm must be a number >= 0, got {self.comm!r}")
+        if not isinstance(self.w_memory, (int, float)) or self.w_memory < 0:
+            raise ValueError(f"costs.w_memory must be a number >= 0, got {self.w_memory!r}")
+
+    def memory_delta(self, kind: str) -> float:
+        """Change of live activation units at the end of a ``kind`` job (see class doc)."""
+        return {FORWARD: 1.0, BACKWARD: -1.0, BACKWARD_B: self.w_memory - 1.0,
+                BACKWARD_W: -self.w_memory}.get(kind, 0.0)
 
     def of(self, kind: str, stage: int) -> float:
         """Cost of a ``kind`` job on global ``stage`` (0 for send / recv / optimizer)."""
@@ -79,13 +93,13 @@ class Costs:
 
     def to_dict(self) -> dict:
         return {name: (list(v) if isinstance(v, (list, tuple)) else v)
-                for name, v in ((n, getattr(self, n)) for n in COST_FIELDS + ("comm",))}
+                for name, v in ((n, getattr(self, n)) for n in COST_FIELDS + EXTRA_FIELDS)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Costs":
-        unknown = set(data) - set(COST_FIELDS) - {"comm"}
+        unknown = set(data) - set(COST_FIELDS) - set(EXTRA_FIELDS)
         if unknown:
-            raise ValueError(f"unknown cost fields {sorted(unknown)}; expected {COST_FIELDS + ('comm',)}")
+            raise ValueError(f"unknown cost fields {sorted(unknown)}; expected {COST_FIELDS + EXTRA_FIELDS}")
         missing = [n for n in ("forward", "backward_b", "backward_w") if n not in data]
         if missing:
             raise ValueError(f"costs lack {missing}; every compute kind needs a time")
@@ -191,7 +205,7 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
             raise ScheduleError(explain_deadlock(schedule.compute_only()))
     makespan = max(clock) if timeline else 0.0
     busy = [sum(t.end - t.start for t in row) for row in timeline]
-    curves = [_memory_curve(row) for row in timeline]
+    curves = [_memory_curve(row, costs) for row in timeline]
     peaks = [max((level for _, level in curve), default=0.0) for curve in curves]
     return SimResult(schedule, costs, timeline, makespan, busy, peaks, curves)
 
@@ -202,12 +216,10 @@ def _cost_table(costs: Costs, num_stages: int) -> Dict[str, List[float]]:
             for kind in (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W)}
 
 
-_MEMORY_DELTA = {FORWARD: 1.0, BACKWARD: -1.0, BACKWARD_B: -0.5, BACKWARD_W: -0.5}
-
-
-def _memory_curve(row: Sequence[TimedJob]) -> List[Tuple[float, float]]:
+def _memory_curve(row: Sequence[TimedJob], costs: Costs) -> List[Tuple[float, float]]:
     """(time, live activation units) after each job of one rank; frees before allocations."""
-    events = sorted(((t.end, _MEMORY_DELTA[t.job.kind]) for t in row), key=lambda e: (e[0], e[1]))
+    events = sorted(((t.end, costs.memory_delta(t.job.kind)) for t in row),
+                    key=lambda e: (e[0], e[1]))
     level, curve = 0.0, []
     for time, delta in events:
         level += delta

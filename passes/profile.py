@@ -195,7 +195,16 @@ class Profile:
         lo = _floor(t)
         return Costs(forward=_clamp(t["forward"], lo), backward=_clamp(t["backward"], lo),
                      backward_b=_clamp(t["backward_b"], lo), backward_w=_clamp(t["backward_w"], lo),
-                     comm=max(0.0, round(statistics.median(comm), 6)) if comm else 0.0)
+                     comm=max(0.0, round(statistics.median(comm), 6)) if comm else 0.0,
+                     w_memory=self.w_memory)
+
+    @property
+    def w_memory(self) -> float:
+        """Measured units held from the end of I to the end of W: what W frees, over what F
+        allocates (median over stages); the simulator's 1/2 when W was not measured."""
+        freed = self.memory.get("backward_w")
+        ratios = [-w / f for w, f in zip(freed or [], self.activation_bytes) if f > 0]
+        return round(max(0.0, statistics.median(ratios)), 3) if ratios else 0.5
 
     def bytes_to_units(self, n_bytes: float) -> float:
         return float(n_bytes) / self.unit_bytes
@@ -472,10 +481,6 @@ def _split_type(job_type: str) -> Tuple[str, int]:
 
 # --------------------------------------------------------------------------- calibration
 
-#: the simulator's memory model (units of one stage's activations for one micro-batch)
-SIM_DELTA = {"forward": 1.0, "backward": -1.0, "backward_b": -0.5, "backward_w": -0.5}
-
-
 def serial_memory(job_order: Sequence[Tuple[str, int]], delta) -> Tuple[float, List[float]]:
     """(peak, curve) of live memory when ``job_order`` runs one job after the other (as the
     one-process emulation does); ``delta(kind, stage)`` is a job's live-memory change."""
@@ -519,7 +524,7 @@ def rank_peaks(sim, delta) -> List[float]:
     for row in sim.timeline:
         level = peak = 0.0
         for t in row:
-            if t.job.kind in SIM_DELTA:
+            if t.job.is_compute:
                 level += delta(t.job.kind, t.stage)
                 peak = max(peak, level)
         peaks.append(peak)
@@ -544,9 +549,10 @@ def measured_delta(profile: Profile):
 
 
 def sim_delta_bytes(profile: Profile):
-    """The simulator's model (+1, -1, -1/2, -1/2) scaled by each stage's activation bytes."""
-    act = profile.activation_bytes
-    return lambda kind, stage: SIM_DELTA[kind] * act[stage]
+    """The simulator's model (+1, -1, h-1, -h with the profile's calibrated h = w_memory)
+    scaled by each stage's activation bytes."""
+    act, costs = profile.activation_bytes, profile.costs
+    return lambda kind, stage: costs.memory_delta(kind) * act[stage]
 
 
 def measure_schedule(model, schedule: str, pp: int, vpp: int, m: int, profile: Profile, *,
@@ -575,7 +581,7 @@ def measure_schedule(model, schedule: str, pp: int, vpp: int, m: int, profile: P
     ex.run()
     step = statistics.median(ex.run() for _ in range(repeats)) * 1e3
     order = pipeline.job_order
-    serial_units, _ = serial_memory(order, lambda k, s: SIM_DELTA[k])
+    serial_units, _ = serial_memory(order, lambda k, s: costs.memory_delta(k))
     unit = statistics.mean(profile.activation_bytes) or 1
     return {
         "schedule": pipeline.schedule.name,

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-pytest.importorskip("paddle")
+import paddle  # noqa: F401
 
 from pipesplit.job_list import build_schedule  # noqa: E402
 from pipesplit.job_list.simulate import Costs, simulate  # noqa: E402
@@ -88,18 +88,19 @@ def test_measured_memory_ordering(calibration):
     # FThenB's activation-dominated peak: within 20% of the executed order walked with the
     # measured per-job deltas
     assert abs(peak["FThenB"] / predicted["FThenB"] - 1) < 0.25, (peak, predicted)
-    # the simulator's per-rank units: 1F1B and ZB-H1 equal, FThenB twice, ZB-H2 in between
+    # the calibrated simulator's per-rank units order the schedules as measured
     units = {k: v["sim_peak_units"] for k, v in r.items()}
-    assert units["ZBH1"] == units["1F1B"] < units["ZBH2"] < units["FThenB"]
+    assert units["1F1B"] <= units["ZBH1"] < units["ZBH2"] < units["FThenB"]
 
 
-@pytest.mark.xfail(strict=False, reason="Paddle's backward_b frees none of a stage's activations "
-                   "(W still reads every matmul input) and adds the output grads W needs, so "
-                   "deferring W costs ~1.75 units, not the simulator's 1/2: ZB-H1 measures "
-                   "~1.3-1.8x 1F1B in one process")
-def test_zbh1_measures_like_1f1b(calibration):
+def test_calibrated_simulator_predicts_measured_memory_ratios(calibration):
+    """With w_memory measured by the profiler, the simulator's memory model (walked over the
+    executed one-process order) predicts each schedule's peak relative to 1F1B within 20%."""
     r = calibration
-    assert r["ZBH1"]["peak_bytes"] / r["1F1B"]["peak_bytes"] < 1.2
+    for name in ("FThenB", "ZBH1", "ZBH2"):
+        measured = r[name]["peak_bytes"] / r["1F1B"]["peak_bytes"]
+        predicted = r[name]["serial_peak_bytes_sim"] / r["1F1B"]["serial_peak_bytes_sim"]
+        assert abs(measured / predicted - 1) < 0.2, (name, measured, predicted)
 
 
 def test_demo_auto_with_profile_and_memory_limit(capsys):

@@ -282,16 +282,18 @@ def _matmul_case(x_shape, y_shape, tx, ty, x_is_param, batch):
     return _build([s0, s1], [("d", data_shape, "float32")], feed)
 
 
-@pytest.mark.parametrize("tx", [False, True])
-@pytest.mark.parametrize("ty", [False, True])
-@pytest.mark.parametrize("case", ["2d", "dyn3d", "dyn4d", "param_x"])
+# a 2-D activation whose dynamic batch dim is transposed away ("2d" with tx) is not a pipeline
+# pattern, so that layout is not among the cases
+MATMUL_LAYOUTS = [(case, tx, ty) for case in ("2d", "dyn3d", "dyn4d", "param_x")
+                  for tx in (False, True) for ty in (False, True) if not (case == "2d" and tx)]
+
+
+@pytest.mark.parametrize("case, tx, ty", MATMUL_LAYOUTS)
 def test_matmul_grad_split_all_layouts(case, tx, ty):
     M, K, N = 3, 4, 5
     xm = [K, M] if tx else [M, K]
     ym = [N, K] if ty else [K, N]
     if case == "2d":
-        if tx:
-            pytest.skip("data with a dynamic non-leading dim is not a pipeline pattern")
         xs, ys, x_is_param = [-1, K], ym, False  # M is the dynamic batch
     elif case == "dyn3d":
         xs, ys, x_is_param = [-1] + xm, ym, False
@@ -423,13 +425,10 @@ def test_untagged_minimize_program_hints_at_completion():
 
 
 def test_with_complete_program_and_models():
-    """Integration with the colleagues' model builders + complete_program (skipped until
-    they exist)."""
-    try:
-        from pipesplit.ir_utils.complete import complete_program
-        from pipesplit.ir_utils.models import build_gpt
-    except ImportError:
-        pytest.skip("complete_program / models not available")
+    """Integration with the model builders and complete_program."""
+    from pipesplit.ir_utils.complete import complete_program
+    from pipesplit.ir_utils.models import build_gpt
+
     m = build_gpt(num_stages=3, hidden=16, seq_len=8)
     ref = m.main.clone()
     complete_program(ref)

@@ -46,7 +46,7 @@ def test_grid_valid_or_value_error(name):
 
 @pytest.mark.parametrize("name", NEW)
 def test_lowered_comm_is_deadlock_free(name):
-    lower = pytest.importorskip("pipesplit.job_list.lower")
+    import pipesplit.job_list.lower as lower
     for pp in (1, 2, 3):  # the whole grid: tests/test_exhaustive.py
         for vpp in (1, 2, 4):
             if not serves(name, vpp):
