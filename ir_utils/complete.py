@@ -147,18 +147,27 @@ def _complete_chunks(ops, idx) -> None:
         f = _match_forward_op(op, chunk, idx)
         if f is not None:
             chunk[i] = chunk[idx[f]]
-    # data-flow inference to a fixpoint
-    changed = True
-    while changed:
-        changed = False
-        for op in list(ops) + list(reversed(ops)):
+    # data-flow inference to a fixpoint over the ops still unplaced (forward and backward
+    # sweeps); optimizer ops only copy their parameter's chunk, so they go once, at the end
+    pending = [op for op in ops if idx[op] not in chunk and op.op_role != OPTIMIZE]
+    while pending:
+        placed = False
+        for op in pending + pending[::-1]:
             i = idx[op]
             if i in chunk:
                 continue
             c = _infer_chunk(op, chunk, idx)
             if c is not None:
                 chunk[i] = c
-                changed = True
+                placed = True
+        if not placed:
+            break
+        pending = [op for op in pending if idx[op] not in chunk]
+    for op in ops:
+        if idx[op] not in chunk and op.op_role == OPTIMIZE:
+            c = _infer_chunk(op, chunk, idx)
+            if c is not None:
+                chunk[idx[op]] = c
     missing = [op for op in ops if idx[op] not in chunk and op.op_role in (FORWARD, BACKWARD)]
     if missing:
         raise ValueError("cannot infer a chunk id for ops: "
