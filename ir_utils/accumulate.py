@@ -14,7 +14,7 @@ The accumulators and counters must exist, zeroed, in the scope before the first 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 

@@ -480,7 +480,6 @@ def memory_lower_bound(pp: int, vpp: int, m: int, costs: Optional[Costs] = None,
     for s in range(S):
         if s > 0 and rank[s] != rank[s - 1]:
             t += c
-        f_start = t
         t += tf[s]
         f_end[s] = t
     # earliest start of I(s): I(s+1) must end (plus c across ranks), F(s) must end

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from .deps import DependencyGraph, JobKey, job_key, short
 from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OPTIMIZER, RECV_BACKWARD,
-                 RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Job, Schedule)
+                 RECV_FORWARD, Job, Schedule)
 
 
 class ScheduleError(ValueError):

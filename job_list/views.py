@@ -17,7 +17,7 @@ import io
 import json
 import math
 from fractions import Fraction
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER, OPTIMIZER_ACTION, Action,
                  Job, Schedule)

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from pipesplit.job_list.simulate import COST_FIELDS, Costs
+from pipesplit.job_list.simulate import Costs
 
 from ._paddle import require_supported_paddle
 

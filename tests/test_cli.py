@@ -1,6 +1,5 @@
 """The ``pipesplit`` command line and ``bench_schedules``."""
 import json
-import os
 import subprocess
 import sys
 import types

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Optional, Sequence
 
-from pipesplit.tools.profile import (add_config_options, add_model_options, check_args,
-                                     model_options, quiet_paddle)
+from pipesplit.tools._console import quiet_paddle
+from pipesplit.tools.profile import add_config_options, add_model_options, check_args, model_options
 
 DEFAULTS = dict(model="mlp", hidden=256, layers_per_stage=4, micro_batch_size=512)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
+
+from pipesplit.tools._console import quiet_paddle, run_reporting_errors
 
 DEFAULTS = dict(schedule="ZBVPP", pp=2, vpp=2, m=4, steps=3, model="gpt")
 
@@ -139,29 +140,19 @@ def _profiled_attrs(args, model) -> dict:
     return attrs
 
 
-def quiet_paddle() -> None:
-    """Keep Paddle's C++ info logs and its ccache warning out of the demo's output."""
-    import warnings
-
-    os.environ.setdefault("GLOG_minloglevel", "2")
-    warnings.filterwarnings("ignore", message="No ccache found")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = make_parser().parse_args(argv)
     quiet_paddle()
-    try:
+
+    def body() -> int:
         _check(args)
         record = run(args)
-    except (ValueError, TypeError) as exc:
-        if os.environ.get("PIPESPLIT_DEBUG") == "1":
-            raise
-        print(f"pipesplit demo: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-    return 0
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=1)
+        return 0
+
+    return run_reporting_errors("pipesplit demo", body)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ process.  Prints per-stage median times (ms) and live-memory deltas, and writes 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Optional, Sequence
+
+from pipesplit.tools._console import quiet_paddle, run_reporting_errors
 
 MODEL_DEFAULTS = dict(model="gpt", hidden=32, layers_per_stage=1, micro_batch_size=2,
                       optimizer="sgd", seed=0)
@@ -72,24 +73,15 @@ def run_profile(args, log=None):
                         inner=args.inner, log=log, **model_options(args))
 
 
-def quiet_paddle() -> None:
-    import warnings
-
-    os.environ.setdefault("GLOG_minloglevel", "2")
-    warnings.filterwarnings("ignore", message="No ccache found")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = make_parser().parse_args(argv)
     quiet_paddle()
-    try:
-        check_args(args)
-        profile = run_profile(args)
-    except (ValueError, TypeError) as exc:
-        if os.environ.get("PIPESPLIT_DEBUG") == "1":
-            raise
-        print(f"pipesplit profile: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+    return run_reporting_errors("pipesplit profile", lambda: _profile_and_report(args))
+
+
+def _profile_and_report(args) -> int:
+    check_args(args)
+    profile = run_profile(args)
     meta = profile.meta
     print(f"{args.model}: pp={args.pp} vpp={args.vpp} m={args.m} ({meta['num_stages']} stages, "
           f"micro-batch {meta['micro_batch_size']}, {args.repeats} repeats, "

@@ -217,7 +217,7 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from pipesplit.tools.demo import quiet_paddle
+    from pipesplit.tools._console import quiet_paddle
 
     args = make_parser().parse_args(argv)
     quiet_paddle()
