@@ -24,25 +24,28 @@ def model(kind: str, optimizer: str, num_stages: int, batch_size: int):
 
 
 @functools.lru_cache(maxsize=None)
-def baseline(kind: str, optimizer: str, num_stages: int, m: int):
-    return run_unsplit_baseline(model(kind, optimizer, num_stages, m * MICRO_BATCH_SIZE), STEPS, m)
+def baseline(kind: str, optimizer: str, num_stages: int, m: int, place=None):
+    built = model(kind, optimizer, num_stages, m * MICRO_BATCH_SIZE)
+    return run_unsplit_baseline(built, STEPS, m, place=place)
 
 
-def run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward=False):
+def run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward=False, place=None):
     """Train ``STEPS`` steps with the plan; return (losses[step][mb], params, PipelinePlan)."""
     built = model(kind, optimizer, pp * vpp, m * MICRO_BATCH_SIZE)
     pipeline = apply_pipeline(built.main, built.startup, schedule,
                               dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp,
                                    split_backward=split_backward))
-    scope = init_scope(built, pipeline.split)
-    runner = PlanRunner(pipeline.plan, scope)
+    scope = init_scope(built, pipeline.split, place=place)
+    runner = PlanRunner(pipeline.plan, scope, place=place)
     losses = [runner.step(built.make_batch(step)) for step in range(STEPS)]
     return np.array(losses, dtype=np.float64), read_params(scope, built.param_names), pipeline
 
 
-def assert_matches_unsplit(kind, optimizer, schedule, pp, vpp, m, split_backward=False):
-    losses, params, pipeline = run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward)
-    ref_losses, ref_params = baseline(kind, optimizer, pp * vpp, m)
+def assert_matches_unsplit(kind, optimizer, schedule, pp, vpp, m, split_backward=False,
+                           place=None):
+    losses, params, pipeline = run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward,
+                                            place)
+    ref_losses, ref_params = baseline(kind, optimizer, pp * vpp, m, place)
     loss_diff = float(np.max(np.abs(losses - np.array(ref_losses, dtype=np.float64))))
     param_diff = max(float(np.max(np.abs(params[n] - ref_params[n]))) for n in ref_params)
     where = f"{schedule} pp={pp} vpp={vpp} m={m} split_backward={split_backward} {kind}/{optimizer}"
