@@ -4,7 +4,7 @@ from .ir import (Action, Job, Schedule, KINDS, COMPUTE_KINDS, COMM_KINDS, FORWAR
                  BACKWARD_B, BACKWARD_W, SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD,
                  OPTIMIZER)
 from .placement import LOOPED, V_SHAPE, Placement
-from .registry import build_schedule, get_spec, register_schedule, schedule_names
+from .registry import build_schedule, get_spec, register_schedule, schedule_names, serves
 from .simulate import Costs, SimResult, lower_bound, simulate
 from .validate import ScheduleError, validate
 from . import classic  # registers FThenB/GPipe, 1F1B, Eager1F1B, VPP/Interleaved1F1B, LoopedBFS

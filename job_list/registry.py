@@ -114,3 +114,13 @@ def build_schedule(name: str, pp: int, vpp: int = 1, m: int = 1, *, split_backwa
     return Schedule(name=spec.name, pp=pp, vpp=vpp, m=m, placement=Placement(spec.placement, pp, vpp),
                     ranks=[list(jobs) for jobs in ranks],
                     split_backward=split_backward or spec.splits_backward, options=dict(options))
+
+
+def serves(name: str, pp: int, vpp: int = 1, m: int = 1) -> bool:
+    """Whether schedule ``name`` serves the configuration (False where it raises the
+    ValueError naming its constraint)."""
+    try:
+        build_schedule(name, pp, vpp, m)
+    except ValueError:
+        return False
+    return True

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from pipesplit.job_list import (BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, Job, Placement,
-                                Schedule, build_schedule, get_spec, schedule_names)
+                                Schedule, build_schedule, schedule_names, serves)
 from pipesplit.job_list.simulate import Costs, simulate
 from pipesplit.job_list.validate import validate
 from pipesplit.job_list.views import (ascii_grid, chrome_trace, from_csv, from_json, plot_timeline,
@@ -41,15 +41,6 @@ def hand_v(pp=2, m=2):
 CONFIGS = [(2, 1, 2), (4, 1, 8), (4, 2, 8), (4, 4, 5), (2, 2, 3), (8, 2, 16)]
 HAND = {"hand": hand_gpipe, "hand-split": lambda: hand_gpipe(3, 4, split=True), "handV": hand_v}
 # (schedule name or hand-built key, pp, vpp, m, split_backward)
-
-
-def serves(name, pp, vpp, m):
-    """Whether schedule ``name`` serves the config (refusals are checked in test_exhaustive)."""
-    try:
-        build_schedule(name, pp, vpp, m)
-    except ValueError:
-        return False
-    return True
 
 
 CASES = [(key, 0, 0, 0, False) for key in HAND] + [
