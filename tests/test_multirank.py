@@ -4,10 +4,9 @@ The fast tests check the per-rank programs in one process.  The ``slow`` ones la
 processes with ``paddle.distributed.launch`` (this file is also the worker script: ``--worker``)
 and compare each run with the one-process emulation (pp_stage=None) within 1e-6.
 
-Multi-process grid (sampled to keep the slow tests under a minute or so on 2 cores), pp = 2,
-2 steps each, gpt unless noted:
-  1F1B m=2; 1F1B m=3 split_backward; VPP vpp=2 m=4; VPP vpp=2 m=3 split_backward;
-  ZBH1 m=4; ZBV m=3; ZBVPP vpp=2 m=2; ZBVPP vpp=2 m=4 (mlp).
+Multi-process grid, pp = 2, 2 steps each, gpt unless noted: 1F1B and VPP (vpp=2), with and
+without split_backward, ZBH1, ZBV and ZBVPP (vpp=2), each for m in {2, 3, 4}; ZBVPP m=4 (mlp).
+All configurations run in one launch (the worker loops over them).
 """
 from __future__ import annotations
 
@@ -23,16 +22,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "tools", "train.py")
 TOL = 1e-6
 
-GRID = [
-    ["--schedule", "1F1B", "--vpp", "1", "-m", "2"],
-    ["--schedule", "1F1B", "--vpp", "1", "-m", "3", "--split-backward"],
-    ["--schedule", "VPP", "--vpp", "2", "-m", "4"],
-    ["--schedule", "VPP", "--vpp", "2", "-m", "3", "--split-backward"],
-    ["--schedule", "ZBH1", "--vpp", "1", "-m", "4"],
-    ["--schedule", "ZBV", "--vpp", "2", "-m", "3"],
-    ["--schedule", "ZBVPP", "--vpp", "2", "-m", "2"],
-    ["--schedule", "ZBVPP", "--vpp", "2", "-m", "4", "--model", "mlp"],
-]
+# the issue's grid: 1F1B and VPP (vpp=2) with and without split_backward, the zero-bubble
+# schedules (split implied), m in {2, 3, 4}; plus one MLP run
+GRID = [["--schedule", name, "--vpp", str(vpp), "-m", str(m)] + split
+        for name, vpp in (("1F1B", 1), ("VPP", 2)) for m in (2, 3, 4)
+        for split in ([], ["--split-backward"])] + \
+       [["--schedule", name, "--vpp", str(vpp), "-m", str(m)]
+        for name, vpp in (("ZBH1", 1), ("ZBV", 2), ("ZBVPP", 2)) for m in (2, 3, 4)] + \
+       [["--schedule", "ZBVPP", "--vpp", "2", "-m", "4", "--model", "mlp"]]
 STEPS = ["--steps", "2"]
 
 
