@@ -186,3 +186,12 @@ def test_demo_bad_argument_is_one_line():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "--pp must be >= 1" in result.stderr
+
+
+def test_unsupported_paddle_version_is_refused_clearly(monkeypatch):
+    from pipesplit.passes._paddle import require_supported_paddle
+
+    assert require_supported_paddle() is paddle
+    monkeypatch.setattr(paddle, "__version__", "3.2.0")
+    with pytest.raises(ImportError, match=r"supports PaddlePaddle 3\.3\.1 .* found 3\.2\.0"):
+        require_supported_paddle()
