@@ -327,7 +327,6 @@ def _sum_to(emit, v, axes, keep_shape=None):
 def _matmul_grad_plan(op):
     """Return a builder for (dx, dy) or None if the op cannot be decomposed."""
     x, y, dout = op.operand_source(0), op.operand_source(1), op.operand_source(2)
-    dx, dy = op.result(0), op.result(1)
     attrs = op.attrs()
     tx, ty = bool(attrs.get("transpose_x", False)), bool(attrs.get("transpose_y", False))
     xs, ys, ds = _shape(x), _shape(y), _shape(dout)

@@ -221,7 +221,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = make_parser().parse_args(argv)
     quiet_paddle()
-    import paddle
     import paddle.distributed as dist
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
