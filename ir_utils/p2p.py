@@ -44,6 +44,9 @@ class Transfer:
     dst: int
     src_stage: int
     dst_stage: int
+    #: nccl: (ring id, ranks of the ring) to use instead of the pair's ring (the engine path
+    #: keeps the rings Paddle's reshard made, one per direction)
+    ring: Optional[Tuple[int, Tuple[int, ...]]] = None
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -131,11 +134,13 @@ def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *
             sending = t.src == rank
             if backend == "gloo":
                 out = _gloo_transfer(block, t, sending, place, comm_ops)
+            elif t.ring is not None:
+                out = _nccl_transfer(block, t, sending, place, t.ring, comm_ops)
             else:
-                if ring_ids is None or ring_pair(t.src, t.dst) not in ring_ids:
-                    raise ValueError(f"no ring id for rank pair {ring_pair(t.src, t.dst)}")
-                out = _nccl_transfer(block, t, sending, place, ring_ids[ring_pair(t.src, t.dst)],
-                                     comm_ops)
+                pair = ring_pair(t.src, t.dst)
+                if ring_ids is None or pair not in ring_ids:
+                    raise ValueError(f"no ring id for rank pair {pair}")
+                out = _nccl_transfer(block, t, sending, place, (ring_ids[pair], pair), comm_ops)
             if progress and out is not None:
                 _bump_progress(block, out, place)
     paddle.pir.set_insertion_point_to_block_end(
@@ -172,10 +177,10 @@ def _gloo_transfer(block, t: Transfer, sending: bool, place, comm_ops):
     return out
 
 
-def _nccl_transfer(block, t: Transfer, sending: bool, place, ring_id: int, comm_ops):
-    pair = ring_pair(t.src, t.dst)
+def _nccl_transfer(block, t: Transfer, sending: bool, place, ring, comm_ops):
+    ring_id, ring_ranks = ring
     peer = t.dst if sending else t.src
-    local_peer = pair.index(peer)  # send_v2 / recv_v2 take the peer's rank inside the ring
+    local_peer = list(ring_ranks).index(peer)  # send_v2 / recv_v2 take the peer's ring rank
     if sending:
         x = _kwarg(block, t, place)
         paddle._C_ops.send_v2(x, ring_id, local_peer, True, t.is_dynamic)

@@ -61,6 +61,8 @@ from typing import Dict, List, Optional
 
 import paddle
 
+from .complete import BACKWARD as _ROLE_BWD, FORWARD as _ROLE_FWD, OPTIMIZE as _ROLE_OPT, SINK_OPS
+
 __all__ = [
     "W_ATTR",
     "SplitReport",
@@ -72,7 +74,6 @@ __all__ = [
 
 W_ATTR = "pipesplit_backward_w"
 
-_ROLE_FWD, _ROLE_BWD, _ROLE_OPT = 0, 1, 2
 _DECOMPOSABLE = ("pd_op.matmul_grad", "pd_op.add_grad")
 _EMBEDDING_GRADS = ("pd_op.embedding_grad", "pd_op.sparse_weight_embedding_grad")
 
@@ -267,7 +268,9 @@ def classify_backward(program):
                 continue
             res_needed = False
             for user in res.all_used_ops():
-                if user in bwd_set and user.chunk_id == chunk and chunk >= 0:
+                if user.name() in SINK_OPS:
+                    res_needed = True  # written out by name (e.g. a handoff to another rank)
+                elif user in bwd_set and user.chunk_id == chunk and chunk >= 0:
                     # same chunk backward op: needed iff that op is B (already decided,
                     # users come later in the topological order)
                     if is_b.get(user, True):

@@ -28,6 +28,7 @@ from pipesplit.job_list.validate import validate
 
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
+from .core import PipelinePlan, make_schedule, split_sub_programs
 
 paddle = require_supported_paddle()
 
@@ -261,15 +262,13 @@ def filter_optimizer(program, local: Set[str], foreign: Set[str]) -> None:
 
 def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                     device: str = "auto", progress: bool = True):
-    """The :class:`~pipesplit.passes.pipeline.PipelinePlan` of rank ``config.pp_stage``.
+    """The :class:`~pipesplit.passes.core.PipelinePlan` of rank ``config.pp_stage``.
 
     ``device``: "cpu" (gloo broadcasts, pp_degree <= 2), "gpu" (NCCL send_v2 / recv_v2) or
     "auto" (from Paddle's current expected place).  ``progress``: comm programs bump the
     persistable counter :data:`pipesplit.ir_utils.p2p.PROGRESS_VAR` (zero it per step) so a
     watchdog can name the comm job a stuck rank waits in.
     """
-    from .pipeline import PipelinePlan, make_schedule, split_sub_programs
-
     rank = config.pp_stage
     if rank is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
@@ -369,9 +368,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                     param_names=sorted(p for p in params if p in local),
                     comm=comm, ring_ids=ring_ids, fetch_names=[n for _, n in fetches],
                     feed_names=feed_names, comm_sequence=comm_sequence)
-    result = PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report)
-    result.rank_info = info
-    return result
+    return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
+                        rank_info=info)
 
 
 def _first_user(program, name: str):

@@ -8,58 +8,23 @@ shape as a real multi-rank one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
-from pipesplit.job_list import OPTIMIZER, Job, Schedule, build_schedule
+from pipesplit.job_list import OPTIMIZER, Job, Schedule
 from pipesplit.job_list.lower import global_order, lower_comm
-from pipesplit.job_list.simulate import SimResult, simulate
 from pipesplit.job_list.validate import validate
 
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
+from .core import PipelinePlan, make_schedule, split_sub_programs
+from .per_rank import build_rank_plan
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import (complete_program, make_plan, split_program,  # noqa: E402
-                                without_op_callstacks)
-from pipesplit.ir_utils.split_backward import SplitReport, split_backward  # noqa: E402
+from pipesplit.ir_utils import make_plan  # noqa: E402
 
-
-@dataclass
-class PipelinePlan:
-    """Everything one application of the pass produced; ``plan`` goes to the executor."""
-
-    config: PipelineConfig
-    schedule: Schedule          # compute-only, per rank
-    lowered: Schedule           # with send / recv jobs
-    job_order: List[Tuple[str, int]]  # (Paddle job type, micro-batch), as the plan runs it
-    split: object               # pipesplit.ir_utils.SplitProgram
-    plan: object                # paddle core.Plan
-    backward_split: Optional[SplitReport] = None
-
-    def simulate(self, costs=None) -> SimResult:
-        return simulate(self.schedule, costs or self.config.costs)
-
-    def init_scope(self, scope, place=None):
-        """Create and zero the gradient accumulators in ``scope`` (after running startup)."""
-        self.split.init_scope(scope, place or paddle.CPUPlace())
-
-
-def make_schedule(config: PipelineConfig) -> Schedule:
-    """The validated compute schedule the config asks for."""
-    options = {}
-    if config.costs is not None:
-        options["costs"] = config.costs
-    if config.memory_limit is not None:
-        options["memory_limit"] = config.memory_limit
-    from pipesplit.job_list.registry import accepted_options
-
-    schedule = build_schedule(config.schedule, config.pp_degree, config.vpp_degree,
-                              config.num_micro_batches, split_backward=config.split_backward,
-                              **accepted_options(config.schedule, options))
-    validate(schedule)
-    return schedule
+__all__ = ["PipelinePlan", "emulated_job_order", "make_schedule", "split_and_schedule",
+           "split_sub_programs"]
 
 
 def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
@@ -74,25 +39,9 @@ def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
     return order
 
 
-def split_sub_programs(main_program, config: PipelineConfig):
-    """(SplitProgram, SplitReport or None): one sub-program per (kind, global stage), with the
-    backward split into B / W when the schedule needs it and gradient accumulation added.
-    Works on a clone; the op-creation call stacks Paddle would record are skipped (speed)."""
-    with without_op_callstacks():
-        work = main_program.clone()
-        complete_program(work)
-        report = split_backward(work) if config.splits_backward else None
-        split = split_program(work, config.num_stages, split_backward=config.splits_backward,
-                              accumulate=config.grad_accumulation, completed=True)
-    return split, report
-
-
 def split_and_schedule(main_program, startup_program, config: PipelineConfig) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts."""
     if config.pp_stage is not None:
-        # one rank's programs for a multi-process run (pipesplit.passes.per_rank)
-        from .per_rank import build_rank_plan
-
         return build_rank_plan(main_program, startup_program, config)
     schedule = make_schedule(config)
     lowered = lower_comm(schedule, config.costs)

@@ -24,15 +24,25 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pipesplit.job_list.placement import V_SHAPE
+from pipesplit.job_list.registry import get_spec
+
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
-from .pipeline import PipelinePlan, split_and_schedule
+from .core import PipelinePlan
+from .engine import build_engine_rank_plan, is_engine_program
+from .per_rank import resolve_device
+from .pipeline import split_and_schedule
 from . import registration
 
 require_supported_paddle()
 
 _PIR_PASS = "paddle.distributed.auto_parallel.static.pir_pass"
 _ENGINE = "paddle.distributed.auto_parallel.static.engine"
+#: the name the engine's own tests of ``schedule_mode == "VPP"`` (chunk completion, its chunk
+#: check, the loss fetch from ``forward{vpp-1}``) must see while pipesplit serves the pipeline
+_ENGINE_MODE = "VPP"
+_REQUESTED = "_pipesplit_schedule"
 _originals: dict = {}
 _last: Optional[PipelinePlan] = None
 _registration_was_enabled = False
@@ -62,6 +72,11 @@ def _pp_stage(pp_degree: int) -> Optional[int]:
     return get_pp_stage_by_pp_degree(pp_degree)
 
 
+def requested_schedule(pipeline_strategy) -> str:
+    """The schedule the user asked for (the engine sees ``"VPP"`` while pipesplit serves)."""
+    return str(getattr(pipeline_strategy, _REQUESTED, None) or pipeline_strategy.schedule_mode)
+
+
 def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
     """The :class:`PipelineConfig` for Paddle's ``Strategy().pipeline`` section."""
     pp = int(pipeline_strategy.pp_degree)
@@ -69,22 +84,52 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
                  pp_degree=pp, vpp_degree=int(pipeline_strategy.vpp_degree),
                  split_backward=bool(pipeline_strategy.split_backward),
                  pp_stage=_pp_stage(pp) if pp_stage == "auto" else pp_stage)
-    return PipelineConfig.from_attrs(str(pipeline_strategy.schedule_mode), attrs)
+    try:
+        return PipelineConfig.from_attrs(requested_schedule(pipeline_strategy), attrs)
+    except ValueError as e:
+        raise ValueError(f"strategy.pipeline: {e}".replace("pass attr ", "")
+                         .replace("num_micro_batches", "accumulate_steps (num_micro_batches)")
+                         ) from None
+
+
+def check_strategy(pipeline_strategy) -> PipelineConfig:
+    """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything:
+    an unknown schedule name, or pp / vpp / micro-batches the schedule cannot serve
+    (``ValueError`` naming the strategy field and the constraint)."""
+    from .core import make_schedule
+
+    config = config_from_strategy(pipeline_strategy, pp_stage=None)
+    try:
+        make_schedule(config)
+    except ValueError as e:
+        msg = str(e)
+        for field in ("vpp", "pp", "m"):
+            msg = msg.replace(f"{field} must", f"strategy.pipeline.{_FIELD[field]} must", 1)
+        raise ValueError(f"strategy.pipeline.schedule_mode={config.schedule!r} cannot serve "
+                         f"this strategy: {msg}") from None
+    return config
+
+
+_FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
 
 
 def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
-    """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``."""
+    """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``.
+
+    The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
+    :func:`pipesplit.passes.engine.build_engine_rank_plan`; a whole-model program (chunk id =
+    global stage) to :func:`pipesplit.passes.pipeline.split_and_schedule`."""
     global _last
     main = _single(dense_main_program, "dense_main_program")
-    startup = _single(dense_startup_program, "dense_startup_program")
-    for op in main.global_block().ops:
-        if op.name() in ("pd_op.send_v2", "pd_op.recv_v2", "pd_op.p_send", "pd_op.p_recv"):
-            raise ValueError(
-                "this program was already partitioned per rank by the auto-parallel engine (it "
-                f"holds {op.name()}); pipesplit's strategy hook needs the whole model with chunk "
-                "id = global virtual stage and inserts the p2p itself")
+    _single(dense_startup_program, "dense_startup_program")
     config = config_from_strategy(pipeline_strategy)
-    _last = split_and_schedule(main, startup, config)
+    if is_engine_program(main):
+        if config.pp_stage is None:
+            raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
+        backend = "gloo" if resolve_device("auto") == "cpu" else "nccl"
+        _last = build_engine_rank_plan(main, config, backend)
+    else:
+        _last = split_and_schedule(main, _single(dense_startup_program, ""), config)
     return _last.plan
 
 
@@ -93,25 +138,117 @@ def last_pipeline() -> Optional[PipelinePlan]:
     return _last
 
 
+def _engine_init(original):
+    """``Engine.__init__``: check the pipeline strategy, keep the user's schedule name beside
+    the engine's copy and show the engine ``"VPP"``, so its chunk completion, chunk check and
+    loss fetch (``forward{vpp-1}``) serve every pipesplit schedule.  The user's own strategy
+    object is not touched (``DistModel`` hands the engine a deep copy)."""
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        pipeline = self._strategy.pipeline
+        if pipeline.enable and getattr(pipeline, _REQUESTED, None) is None:
+            check_strategy(pipeline)
+            setattr(pipeline, _REQUESTED, str(pipeline.schedule_mode))
+            pipeline.schedule_mode = _ENGINE_MODE
+    return __init__
+
+
+def _complete_chunk_id(original):
+    """The engine's chunk completion, with the blocks assigned to (rank, chunk) by the
+    requested schedule's placement: looped as Paddle does (round-robin), V by
+    :func:`assign_v_placement` first."""
+    def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
+        if not pipeline_strategy.enable or int(pipeline_strategy.vpp_degree) < 2:
+            return None
+        if get_spec(requested_schedule(pipeline_strategy)).placement == V_SHAPE:
+            assign_v_placement(dist_program, pipeline_strategy)
+        return original(dist_program, startup_program, pipeline_strategy)
+    return complete_chunk_id
+
+
+def _check_chunk_id(original):
+    """Paddle's chunk check needs chunk ids, which the engine sets only for vpp > 1; with one
+    chunk per rank (no op has a chunk id) pipesplit gives every op chunk 0 itself
+    (:func:`pipesplit.passes.engine.localize_chunks`)."""
+    def check_chunk_id(dist_program):
+        if not any(op.dist_attr is not None and op.dist_attr.chunk_id >= 0
+                   for op in dist_program.global_block().ops):
+            return None
+        return original(dist_program)
+    return check_chunk_id
+
+
+def assign_v_placement(dist_program, pipeline_strategy) -> None:
+    """Move the segments (``vpp_seg_method`` blocks, in model order) onto the meshes of the V
+    placement: segment i of L goes to virtual stage s = i * pp*vpp // L, on rank r with
+    s = c*pp + r for even chunks c and s = c*pp + pp-1-r for odd ones.  Ops before the first
+    block go with it, ops after the last block (final norm, head, loss) with the last one.
+    Paddle's ``complete_chunk_id`` then sees non-monotonic (custom) meshes, keeps them and
+    sets chunk = s // pp, the local chunk of both placements."""
+    from paddle.distributed.auto_parallel.static.pir_pass import (
+        _extract_seg_method, _get_seg_struct_names, _set_process_mesh_and_chunk_id)
+    from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
+    from pipesplit.job_list.placement import Placement
+
+    pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
+    seg_method = pipeline_strategy.vpp_seg_method
+    if not seg_method:
+        raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
+                         f"(vpp_degree={vpp})")
+    ops = dist_program.global_block().ops
+    segments = _get_seg_struct_names(ops, seg_method)
+    stages = pp * vpp
+    if len(segments) % stages:
+        raise ValueError(f"strategy.pipeline: {len(segments)} {seg_method} blocks cannot be split "
+                         f"evenly over pp_degree x vpp_degree = {stages} stages")
+    meshes = get_sub_process_mesh_by_program(dist_program)
+    if len(meshes) != pp:
+        raise ValueError(f"strategy.pipeline.pp_degree is {pp}, but the model uses "
+                         f"{len(meshes)} stage meshes")
+    placement = Placement(V_SHAPE, pp, vpp)
+    index = {name: i for i, name in enumerate(segments)}
+    seg = 0
+    for op in ops:
+        name = _extract_seg_method(op, seg_method)
+        if name is not None:
+            seg = index[name]
+        if op.dist_attr is None or op.name() == "dist_op.reshard":
+            continue
+        stage = seg * stages // len(segments)
+        _set_process_mesh_and_chunk_id(op, meshes[placement.rank_of(stage)], stage // pp,
+                                       set_input_mesh=True, set_output_mesh=True)
+
+
 def enable_strategy() -> None:
-    """Route ``pir_pass.pipeline_pass`` (and the engine's imported name) to pipesplit."""
+    """Route ``pir_pass.pipeline_pass`` (and the engine's imported name) to pipesplit, and let
+    the engine serve any pipesplit schedule name in ``strategy.pipeline.schedule_mode``."""
     global _registration_was_enabled
     if _originals:
         return
     _registration_was_enabled = registration.is_enabled()
     registration.enable()
-    for mod in _modules():
-        _originals[mod.__name__] = mod.pipeline_pass
+    pir_pass, engine = _modules()
+    for mod in (pir_pass, engine):
+        _originals[(mod.__name__, "pipeline_pass")] = mod.pipeline_pass
         mod.pipeline_pass = pipeline_pass
+    for name, wrap in (("complete_chunk_id", _complete_chunk_id),
+                       ("check_chunk_id", _check_chunk_id)):
+        _originals[(engine.__name__, name)] = getattr(engine, name)
+        setattr(engine, name, wrap(getattr(engine, name)))
+    _originals[("Engine", "__init__")] = engine.Engine.__init__
+    engine.Engine.__init__ = _engine_init(engine.Engine.__init__)
 
 
 def disable_strategy() -> None:
-    """Give Paddle its own ``pipeline_pass`` back (and its pass names, unless they were routed
-    to pipesplit before :func:`enable_strategy`)."""
+    """Give Paddle its own ``pipeline_pass``, chunk completion and engine back (and its pass
+    names, unless they were routed to pipesplit before :func:`enable_strategy`)."""
     import importlib
 
-    for name, fn in _originals.items():
-        setattr(importlib.import_module(name), "pipeline_pass", fn)
+    for (owner, name), fn in _originals.items():
+        if owner == "Engine":
+            setattr(importlib.import_module(_ENGINE).Engine, name, fn)
+        else:
+            setattr(importlib.import_module(owner), name, fn)
     _originals.clear()
     if not _registration_was_enabled:
         registration.disable()

@@ -1,0 +1,265 @@
+"""Train a small GPT-like dygraph model through Paddle's auto-parallel engine with a pipesplit
+schedule, beside a one-process dygraph reference with the same micro-batches.
+
+    python -m paddle.distributed.launch --nproc_per_node 2 --log_dir /tmp/pipesplit_log \
+        examples/auto_parallel_pipeline.py --schedule ZBV --vpp 2 -m 4 --steps 2 --json out.json
+
+The model is written as a Paddle user writes it: ``paddle.nn`` layers, each decoder block's
+parameters on the process mesh of its pipeline stage (stages in model order, as Paddle's VPP
+documentation places them), activations moved with ``dist.reshard``, and
+``strategy.pipeline.vpp_seg_method`` naming the block class.  Only ``schedule_mode`` and
+``vpp_degree`` change between schedules: pipesplit assigns the blocks to (rank, chunk) by the
+schedule's placement (looped or V).  ``--paddle`` runs Paddle's own pass instead (FThenB, 1F1B,
+VPP only).  On a CPU build, ``pipesplit.passes.cpu_support.enable()`` lets the engine start.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+import paddle
+import paddle.distributed as dist
+import paddle.nn.functional as F
+from paddle import nn
+
+
+class DecoderBlock(nn.Layer):
+    """Pre-norm decoder block: causal self-attention and an MLP, both residual."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden)
+        self.attn = nn.MultiHeadAttention(hidden, heads)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        seq = x.shape[1]
+        causal = paddle.tril(paddle.ones([seq, seq], dtype="bool"))
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, attn_mask=causal)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class TinyGPT(nn.Layer):
+    """Embedding, ``layers`` decoder blocks, final norm and LM head.
+
+    ``meshes``: one process mesh per pipeline rank; block ``i`` goes to mesh
+    ``i * len(meshes) // layers`` (model order), the embedding to the first, the head to the
+    last.  ``None`` builds the plain one-process model (the reference)."""
+
+    def __init__(self, vocab: int, hidden: int, heads: int, layers: int, seq: int,
+                 meshes=None):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.LayerList([DecoderBlock(hidden, heads) for _ in range(layers)])
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab)
+        self.meshes = meshes
+        if meshes is not None:
+            self.block_mesh = [meshes[i * len(meshes) // layers] for i in range(layers)]
+            self._place(self.embed, meshes[0])
+            self._place(self.pos, meshes[0])
+            for block, mesh in zip(self.blocks, self.block_mesh):
+                self._place(block, mesh)
+            self._place(self.norm, meshes[-1])
+            self._place(self.head, meshes[-1])
+
+    @staticmethod
+    def _place(layer, mesh):
+        for name, param in list(layer.named_parameters(include_sublayers=False)):
+            setattr(layer, name, dist.shard_tensor(param, mesh, [dist.Replicate()],
+                                                   stop_gradient=False))
+        for sub in layer.children():
+            TinyGPT._place(sub, mesh)
+
+    def forward(self, ids):
+        positions = paddle.arange(ids.shape[1], dtype="int64").unsqueeze(0)
+        x = self.embed(ids) + self.pos(positions)
+        mesh = self.meshes[0] if self.meshes else None
+        for i, block in enumerate(self.blocks):
+            if self.meshes is not None and self.block_mesh[i] != mesh:
+                mesh = self.block_mesh[i]
+                x = dist.reshard(x, mesh, [dist.Replicate()])
+            x = block(x)
+        if self.meshes is not None and mesh != self.meshes[-1]:
+            x = dist.reshard(x, self.meshes[-1], [dist.Replicate()])
+        return self.head(self.norm(x))
+
+
+def lm_loss(logits, labels):
+    return F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), labels.reshape([-1, 1]))
+
+
+class TokenData(paddle.io.Dataset):
+    """Random token sequences (seeded) and their next-token labels."""
+
+    def __init__(self, samples: int, seq: int, vocab: int, seed: int):
+        rng = np.random.default_rng(seed)
+        tokens = rng.integers(0, vocab, size=(samples, seq + 1), dtype=np.int64)
+        self.inputs, self.labels = tokens[:, :-1], tokens[:, 1:]
+
+    def __getitem__(self, i):
+        return self.inputs[i], self.labels[i]
+
+    def __len__(self):
+        return len(self.inputs)
+
+
+def make_optimizer(args, parameters):
+    lr = args.lr
+    if args.lr_schedule == "step":
+        lr = paddle.optimizer.lr.StepDecay(learning_rate=args.lr, step_size=1, gamma=0.5)
+    clip = paddle.nn.ClipGradByGlobalNorm(args.clip_global_norm) if args.clip_global_norm else None
+    return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters, grad_clip=clip)
+
+
+def build(args, meshes=None):
+    paddle.seed(args.seed)  # identical initial parameters on every rank and in the reference
+    return TinyGPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, meshes)
+
+
+def reference(args):
+    """The same model trained in one process in dygraph with the same micro-batches: per-micro-
+    batch losses, and parameters by structured name."""
+    model = build(args)
+    opt = make_optimizer(args, model.parameters())
+    data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
+    losses = []
+    for step in range(args.steps):
+        sl = slice(step * args.batch, (step + 1) * args.batch)
+        x, y = paddle.to_tensor(data.inputs[sl]), paddle.to_tensor(data.labels[sl])
+        per_mb = []
+        for xm, ym in zip(paddle.split(x, args.m), paddle.split(y, args.m)):
+            loss = lm_loss(model(xm), ym)
+            (loss / args.m).backward()
+            per_mb.append(float(loss))
+        opt.step()
+        opt.clear_grad()
+        if isinstance(opt._learning_rate, paddle.optimizer.lr.LRScheduler):
+            opt._learning_rate.step()
+        losses.append(per_mb)
+    return losses, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def make_strategy(args):
+    strategy = dist.Strategy()
+    pipeline = strategy.pipeline
+    pipeline.enable = True
+    pipeline.schedule_mode = args.schedule
+    pipeline.pp_degree = dist.get_world_size()
+    pipeline.vpp_degree = args.vpp
+    pipeline.vpp_seg_method = "DecoderBlock"
+    pipeline.accumulate_steps = args.m
+    pipeline.micro_batch_size = args.batch // args.m
+    pipeline.split_backward = args.split_backward
+    return strategy
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--schedule", default="ZBV", help="any pipesplit schedule name or alias")
+    p.add_argument("--vpp", type=int, default=None,
+                   help="chunks per rank (default: what the schedule needs, else 1)")
+    p.add_argument("-m", type=int, default=4, help="micro-batches per step")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--layers", type=int, default=4, help="decoder blocks")
+    p.add_argument("--hidden", type=int, default=16)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--seq", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=32)
+    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr-schedule", choices=("constant", "step"), default="constant")
+    p.add_argument("--clip-global-norm", type=float, default=None)
+    p.add_argument("--split-backward", action="store_true")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--paddle", action="store_true",
+                   help="use Paddle's own pipeline pass (FThenB, 1F1B, VPP) instead of pipesplit")
+    p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
+    args = p.parse_args(argv)
+    if args.vpp is None:
+        from pipesplit.job_list.registry import get_spec
+        args.vpp = 2 if get_spec(args.schedule).placement == "v" else 1
+    args.batch = args.m * args.micro_batch_size
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dist.init_parallel_env()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if not args.paddle:
+        from pipesplit.passes import strategy as pipesplit_strategy
+        pipesplit_strategy.enable_strategy()
+    from pipesplit.passes import cpu_support
+    cpu_support.enable()  # does nothing on a CUDA build
+
+    meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
+    model = build(args, meshes)
+    opt = make_optimizer(args, model.parameters())
+    data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
+    loader = paddle.io.DataLoader(data, batch_size=args.batch, shuffle=False)
+    dist_loader = dist.shard_dataloader(loader, meshes=[meshes[0], meshes[-1]])
+    dist_model = dist.to_static(model, dist_loader, lm_loss, opt, make_strategy(args))
+    dist_model.train()
+
+    losses = []
+    for step, (x, y) in enumerate(dist_loader()):
+        loss = dist_model(x, y)
+        if loss is not None:
+            losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
+        if isinstance(opt._learning_rate, paddle.optimizer.lr.LRScheduler):
+            opt._learning_rate.step()
+
+    ref_losses, ref_params = reference(args)
+    diffs = [float(np.max(np.abs(local - ref_params[name])))
+             for name, local in local_parameters(dist_model).items()]
+    mine = {"rank": rank, "losses": losses or None, "max_param_diff": max(diffs, default=0.0),
+            "num_params": len(diffs)}
+    everyone = exchange(rank, world, mine)
+    holder = next(r for r in everyone if r["losses"] is not None)
+    if rank == holder["rank"]:
+        record = {"schedule": args.schedule, "pp": world, "vpp": args.vpp, "m": args.m,
+                  "losses": holder["losses"], "reference_losses": ref_losses,
+                  "max_param_diff": max(r["max_param_diff"] for r in everyone),
+                  "params_compared": sum(r["num_params"] for r in everyone),
+                  "max_loss_diff": max(abs(a - b) for ours, ref in zip(holder["losses"], ref_losses)
+                                       for a, b in zip(ours, ref))}
+        print(f"{args.schedule} pp={world} vpp={args.vpp} m={args.m}: max |loss - reference| "
+              f"{record['max_loss_diff']:.2e}, max |param - reference| "
+              f"{record['max_param_diff']:.2e} over {record['params_compared']} parameters",
+              flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=1)
+    exchange(rank, world, {}, key="done")  # rank 0 hosts the store: keep it until all are done
+    return 0
+
+
+def local_parameters(dist_model):
+    """This rank's parameters (structured name -> array); other ranks' hold no data here."""
+    out = {}
+    for name, value in dist_model.state_dict("param").items():
+        local = value._local_value() if value.is_dist() else value
+        if local._is_initialized():
+            out[name] = local.numpy()
+    return out
+
+
+def exchange(rank, world, payload, key="result"):
+    """Every rank's ``payload``, through the launcher's TCP store."""
+    store = paddle.base.core.create_or_get_global_tcp_store()
+    store.set(f"example/{key}/{rank}", json.dumps(payload).encode())
+    return [json.loads(bytes(store.get(f"example/{key}/{r}")).decode()) for r in range(world)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The core every plan builder shares: the plan record, the schedule, the sub-program split.
+
+Three builders sit on it, one per kind of input program (see DESIGN.md, "Three programs the
+passes accept"): :mod:`.pipeline` (the whole model, every rank emulated in one process),
+:mod:`.per_rank` (the whole model, one rank's programs) and :mod:`.engine` (one rank's program
+as Paddle's auto-parallel engine partitioned it).  None of them imports another.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from pipesplit.job_list import Schedule, build_schedule
+from pipesplit.job_list.registry import accepted_options
+from pipesplit.job_list.simulate import SimResult, simulate
+from pipesplit.job_list.validate import validate
+
+from ._paddle import require_supported_paddle
+from .config import PipelineConfig
+
+paddle = require_supported_paddle()
+
+from pipesplit.ir_utils import complete_program, split_program, without_op_callstacks  # noqa: E402
+from pipesplit.ir_utils.split_backward import SplitReport, split_backward  # noqa: E402
+
+
+@dataclass
+class PipelinePlan:
+    """Everything one application of the pass produced; ``plan`` goes to the executor."""
+
+    config: PipelineConfig
+    schedule: Schedule          # compute-only, per rank
+    lowered: Schedule           # with send / recv jobs
+    job_order: List[Tuple[str, int]]  # (Paddle job type, micro-batch), as the plan runs it
+    split: object               # pipesplit.ir_utils.SplitProgram
+    plan: object                # paddle core.Plan
+    backward_split: Optional[SplitReport] = None
+    rank_info: Optional[object] = None  # per-rank plans: pipesplit.passes.per_rank.RankInfo
+
+    def simulate(self, costs=None) -> SimResult:
+        return simulate(self.schedule, costs or self.config.costs)
+
+    def init_scope(self, scope, place=None):
+        """Create and zero the gradient accumulators in ``scope`` (after running startup)."""
+        self.split.init_scope(scope, place or paddle.CPUPlace())
+
+
+def make_schedule(config: PipelineConfig) -> Schedule:
+    """The validated compute schedule the config asks for."""
+    options = {}
+    if config.costs is not None:
+        options["costs"] = config.costs
+    if config.memory_limit is not None:
+        options["memory_limit"] = config.memory_limit
+    schedule = build_schedule(config.schedule, config.pp_degree, config.vpp_degree,
+                              config.num_micro_batches, split_backward=config.split_backward,
+                              **accepted_options(config.schedule, options))
+    validate(schedule)
+    return schedule
+
+
+def split_sub_programs(main_program, config: PipelineConfig, num_chunks: Optional[int] = None,
+                       accumulate: Optional[str] = "config", prepare=None,
+                       fetch_names=None):
+    """(SplitProgram, SplitReport or None): one sub-program per (kind, chunk), with the backward
+    split into B / W when the schedule needs it and gradient accumulation added.
+
+    Works on a clone; the op-creation call stacks Paddle would record are skipped (speed).
+    ``num_chunks``: default every virtual stage.  ``accumulate``: default the config's mode;
+    None adds none (the engine's gradient merge already accumulates).  ``prepare(work)``, if
+    given, edits the clone before completion (the engine path turns p2p ops into handoffs)."""
+    num_chunks = config.num_stages if num_chunks is None else num_chunks
+    mode = config.grad_accumulation if accumulate == "config" else accumulate
+    with without_op_callstacks():
+        work = main_program.clone()
+        if prepare is not None:
+            prepare(work)
+        complete_program(work)
+        report = split_backward(work) if config.splits_backward else None
+        split = split_program(work, num_chunks, split_backward=config.splits_backward,
+                              accumulate=mode, completed=True, fetch_names=fetch_names)
+    return split, report

@@ -1,0 +1,103 @@
+"""Testing aid: let ``paddle.distributed.to_static`` pipelines start on a CPU build of Paddle.
+
+Paddle 3.3.1's auto-parallel engine assumes a GPU (or XPU) build in three places that a pipeline
+run on CPU processes (gloo) reaches before the first step; :func:`enable` patches exactly those,
+and only on a build without CUDA / XPU (on such a build it does nothing):
+
+* ``ProcessGroup.instantiate`` asserts ``No CUDA device found``: a gloo comm context is
+  registered for the group's ring instead (ring 0 comes from ``dist.init_parallel_env()``).
+* ``core.reshard`` of a parameter whose mesh excludes this rank crashes (SIGSEGV) when the
+  tensor holds no data: such a tensor is returned unchanged, which is what the engine's
+  parameter set-up does with it anyway (it drops it).
+* The engine's ``barrier`` op needs an NCCL context: on ring 0 it becomes
+  ``paddle.distributed.barrier()`` over the gloo group.
+
+The pipeline's own transfers are not patched here: pipesplit's engine path
+(:mod:`pipesplit.passes.engine`) turns Paddle's ``send_v2`` / ``recv_v2`` into gloo broadcasts
+on CPU, so it needs two pipeline ranks there (one usable communicator per process).
+:func:`disable` restores every patched name.
+"""
+from __future__ import annotations
+
+from ._paddle import require_supported_paddle
+
+paddle = require_supported_paddle()
+
+_originals: dict = {}
+_gloo_rings: set = set()
+
+
+def needed() -> bool:
+    """True on a build without CUDA and XPU, where the engine cannot start a pipeline."""
+    core = paddle.base.core
+    return not (core.is_compiled_with_cuda() or core.is_compiled_with_xpu())
+
+
+def _instantiate_gloo(group) -> None:
+    """``ProcessGroup.instantiate`` for a CPU build: a gloo comm context for the group's ring."""
+    from paddle.distributed.auto_parallel.static.process_group import _get_global_env
+
+    if group._is_instantiate:
+        return
+    rank = _get_global_env().rank
+    if group.nranks >= 2 and rank in group.ranks and group.id != 0 \
+            and group.id not in _gloo_rings:
+        core = paddle.base.core
+        core.CommContextManager.create_gloo_comm_context(
+            core.create_or_get_global_tcp_store(), str(group.id), group.local_rank(rank),
+            group.nranks)
+        _gloo_rings.add(group.id)
+    group._is_instantiate = True
+
+
+def _reshard(original):
+    def reshard(tensor, dist_attr):
+        if not tensor._is_initialized():
+            return tensor  # another rank's parameter: nothing to move here
+        return original(tensor, dist_attr)
+    return reshard
+
+
+def _barrier(original):
+    def barrier(x, out, *attrs):
+        ring = dict(zip(attrs[::2], attrs[1::2])).get("ring_id", 0)
+        if ring == 0:
+            paddle.distributed.barrier()
+            return out
+        return original(x, out, *attrs)
+    return barrier
+
+
+def enable() -> bool:
+    """Patch the engine's CPU gaps (idempotent).  Returns True if anything was patched (False
+    on a CUDA / XPU build, where nothing is needed)."""
+    if not needed():
+        return False
+    if _originals:
+        return True
+    from paddle.distributed.auto_parallel.static import process_group
+
+    core = paddle.base.core
+    legacy = paddle._legacy_C_ops
+    _originals["instantiate"] = process_group.ProcessGroup.instantiate
+    _originals["reshard"] = core.reshard
+    _originals["barrier"] = legacy.barrier
+    process_group.ProcessGroup.instantiate = _instantiate_gloo
+    core.reshard = _reshard(_originals["reshard"])
+    legacy.barrier = _barrier(_originals["barrier"])
+    return True
+
+
+def disable() -> None:
+    """Undo :func:`enable`."""
+    if not _originals:
+        return
+    from paddle.distributed.auto_parallel.static import process_group
+
+    process_group.ProcessGroup.instantiate = _originals.pop("instantiate")
+    paddle.base.core.reshard = _originals.pop("reshard")
+    paddle._legacy_C_ops.barrier = _originals.pop("barrier")
+
+
+def is_enabled() -> bool:
+    return bool(_originals)

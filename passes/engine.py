@@ -1,0 +1,209 @@
+"""One rank's plan from the program Paddle's auto-parallel engine hands its pipeline pass.
+
+``paddle.distributed.to_static`` partitions the model per rank before it calls
+``pir_pass.pipeline_pass`` (see ENGINE_NOTES.md).  The program this rank gets holds only its own
+stages, with LOCAL chunk ids (0 .. vpp-1, set by the engine's chunk completion; all -1 when
+vpp = 1), Paddle's own ``send_v2`` / ``recv_v2`` at the stage boundaries (one ring per
+direction) and the gradient-merge buffers (``<param>@GRAD@MERGE``) that already accumulate the
+micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
+
+1. every ``recv_v2`` becomes a named block input and every ``send_v2`` a named output
+   (``builtin.shadow_output``), so the transfers can move into send / recv jobs; each is checked
+   against the peer the schedule's placement gives (a mismatch is a ``ValueError``, not a hang);
+2. the shared core completes, splits the backward into B / W (a value that is sent is needed
+   outside its chunk, so it stays in B) and cuts ``forward{c}`` ... ``optimizer`` by local
+   chunk, adding NO gradient accumulation;
+3. the send / recv jobs get p2p programs: gloo broadcasts on ring 0 on CPU (two ranks), the
+   engine's own NCCL rings on GPU;
+4. the job order is this rank's list from pipesplit's lowering (rendezvous-safe), optimizer last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from pipesplit.job_list import OPTIMIZER, Schedule
+from pipesplit.job_list.ir import RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
+from pipesplit.job_list.lower import lower_comm, peer_of
+from pipesplit.job_list.validate import validate
+
+from ._paddle import require_supported_paddle
+from .config import PipelineConfig
+from .core import PipelinePlan, make_schedule, split_sub_programs
+
+paddle = require_supported_paddle()
+
+from pipesplit.ir_utils import make_plan  # noqa: E402
+from pipesplit.ir_utils.complete import BACKWARD, FORWARD  # noqa: E402
+from pipesplit.ir_utils.p2p import Transfer, build_comm_program  # noqa: E402
+
+P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
+COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
+HANDOFF_PREFIX = "pipesplit_p2p_"
+
+
+def is_engine_program(program) -> bool:
+    """True for a program the engine partitioned per rank (it carries Paddle's p2p ops)."""
+    return any(op.name() in P2P_OPS for op in program.global_block().ops)
+
+
+@dataclass(frozen=True)
+class EngineTransfer:
+    """One of the engine's p2p ops, as this rank's send / recv job will carry it."""
+
+    kind: str            # send_forward, recv_forward, send_backward, recv_backward
+    chunk: int           # local chunk
+    transfer: Transfer
+
+
+def _kind_of(op) -> str:
+    sending = op.name() == "pd_op.send_v2"
+    if op.op_role == FORWARD:
+        return SEND_FORWARD if sending else RECV_FORWARD
+    if op.op_role == BACKWARD:
+        return SEND_BACKWARD if sending else RECV_BACKWARD
+    raise ValueError(f"the engine program has {op.name()} with op_role {op.op_role}; pipesplit "
+                     "knows p2p only between forward stages or between backward stages")
+
+
+def _ring_ranks(ring_id: int) -> Tuple[int, ...]:
+    from paddle.distributed.auto_parallel.static.process_group import get_process_group
+
+    group = get_process_group(ring_id)
+    if group is None:
+        raise ValueError(f"the engine program uses ring {ring_id}, which has no process group")
+    return tuple(group.ranks)
+
+
+def localize_chunks(program, vpp: int) -> None:
+    """Every forward / backward op gets a local chunk id in [0, vpp): with vpp = 1 the engine
+    sets none, so all are chunk 0; with vpp > 1 an id outside the range is an error."""
+    for op in program.global_block().ops:
+        if op.op_role not in (FORWARD, BACKWARD):
+            continue
+        c = op.chunk_id if op.has_attr("chunk_id") else -1
+        if vpp == 1:
+            if c != 0:
+                op.set_int_attr("chunk_id", 0)
+        elif c >= vpp:
+            raise ValueError(f"strategy.pipeline.vpp_degree is {vpp}, but the engine program "
+                             f"has {op.name()} in chunk {c}")
+
+
+def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransfer]:
+    """Replace (in place) each ``send_v2`` by a named output and each ``recv_v2`` by a named
+    block input; return the transfers in program order, checked against ``schedule``'s
+    placement (``ValueError`` naming the stage, the ranks and the strategy field)."""
+    block = program.global_block()
+    placement = schedule.placement
+    place = paddle.base.libpaddle.Place()
+    place.set_place(paddle.framework._current_expected_place())
+    out: List[EngineTransfer] = []
+    counts: Dict[Tuple[str, int], int] = {}
+    for op in list(block.ops):
+        if op.name() not in P2P_OPS:
+            continue
+        kind, chunk = _kind_of(op), op.chunk_id
+        attrs = op.attrs()
+        ring = (int(attrs["ring_id"]), _ring_ranks(int(attrs["ring_id"])))
+        peer = ring[1][int(attrs["peer"])]
+        stage = placement.stage(rank, chunk)
+        other = stage + 1 if kind in (SEND_FORWARD, RECV_BACKWARD) else stage - 1
+        expected = placement.rank_of(other) if 0 <= other < schedule.num_stages else None
+        if peer != expected:
+            raise ValueError(
+                f"strategy.pipeline.schedule_mode={schedule.name!r} puts stage {stage} (rank "
+                f"{rank}, chunk {chunk}) next to stage {other} on rank {expected} "
+                f"({placement.kind} placement), but the engine's program has a {op.name()} "
+                f"({kind}) with rank {peer}: the stage meshes contradict the schedule's "
+                "placement")
+        k = counts.get((kind, chunk), 0)
+        counts[(kind, chunk)] = k + 1
+        name = f"{HANDOFF_PREFIX}{kind}{chunk}_{k}"
+        if op.name() == "pd_op.send_v2":
+            value = op.operand_source(0)
+            paddle.pir.set_insertion_point(op)
+            paddle._C_ops.set_persistable_value(value, name)
+            sink = block.ops[block.ops.index(op) - 1]  # the shadow_output just made
+            sink.op_role = op.op_role
+            sink.set_int_attr("chunk_id", chunk)
+            value_type, src, dst, src_stage, dst_stage = value.type(), rank, peer, stage, other
+        else:
+            result = op.result(0)
+            value_type = result.type()
+            kw = block.add_kwarg(name, value_type)
+            kw.persistable = False
+            kw.place_attr = place
+            result.replace_all_uses_with(kw)
+            src, dst, src_stage, dst_stage = peer, rank, other, stage
+        if any(int(s) < 0 for s in value_type.shape):
+            raise ValueError(f"{op.name()} of {kind}{chunk} has a dynamic shape "
+                             f"{list(value_type.shape)}; pipesplit's engine path needs the static "
+                             "micro-batch shapes the engine gives (set "
+                             "strategy.pipeline.micro_batch_size)")
+        op.erase()
+        out.append(EngineTransfer(kind, chunk, Transfer(name, value_type, src, dst, src_stage,
+                                                        dst_stage, ring)))
+    paddle.pir.set_insertion_point_to_block_end(block)
+    return out
+
+
+def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, rank: int):
+    """Every comm job the schedule gives this rank carries a transfer, and every transfer has
+    a comm job: otherwise the program and the schedule disagree about stage boundaries."""
+    scheduled = {(j.kind, j.chunk) for j in lowered.ranks[rank] if j.is_comm}
+    present = {(t.kind, t.chunk) for t in transfers}
+    for kind, chunk in sorted(scheduled ^ present):
+        where = "the schedule has" if (kind, chunk) in scheduled else "the engine program has"
+        other = "the engine program has none" if (kind, chunk) in scheduled \
+            else "the schedule has none"
+        raise ValueError(
+            f"strategy.pipeline.schedule_mode={lowered.name!r}: {where} {kind}{chunk} on rank "
+            f"{rank} but {other}: the program's stage boundaries do not match the schedule's "
+            f"{lowered.placement.kind} placement (pp_degree={lowered.pp}, "
+            f"vpp_degree={lowered.vpp})")
+
+
+def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -> PipelinePlan:
+    """The plan of rank ``config.pp_stage`` from the engine's per-rank program (never
+    modified).  ``backend``: "gloo" (CPU: two ranks, broadcasts on ring 0) or "nccl"."""
+    rank = config.pp_stage
+    if rank is None:
+        raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
+    if backend == "gloo" and config.pp_degree > 2:
+        raise ValueError(f"strategy.pipeline.pp_degree={config.pp_degree}: on a CPU build "
+                         "pipesplit's engine path runs two pipeline ranks (one gloo "
+                         "communicator per process)")
+    schedule = make_schedule(config)
+    lowered = lower_comm(schedule, config.costs)
+    validate(lowered)
+    found: List[EngineTransfer] = []
+
+    def prepare(work):
+        localize_chunks(work, config.vpp_degree)
+        found.extend(p2p_to_handoffs(work, rank, schedule))
+
+    split, report = split_sub_programs(main_program, config, num_chunks=config.vpp_degree,
+                                       accumulate=None, prepare=prepare, fetch_names=[])
+    _check_against_schedule(found, lowered, rank)
+    programs = dict(split.programs)
+    for chunk in range(config.vpp_degree):
+        for kind in COMM_KINDS:
+            sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
+            programs[f"{kind}{chunk}"], _ = build_comm_program(sel, rank, backend)
+    job_order = []
+    for job in lowered.ranks[rank]:
+        if job.kind == OPTIMIZER:
+            continue
+        if job.is_comm:
+            peers = {t.transfer.src if t.transfer.dst == rank else t.transfer.dst
+                     for t in found if (t.kind, t.chunk) == (job.kind, job.chunk)}
+            if peers != {peer_of(schedule, rank, job)}:
+                raise AssertionError(f"{job.type}: program peers {peers} != lowering's "
+                                     f"{peer_of(schedule, rank, job)}")
+        job_order.append((job.type, job.micro_batch))
+    job_order.append((OPTIMIZER, 0))
+    used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
+    plan = make_plan(job_order, used, config.num_micro_batches)
+    split.programs = programs
+    return PipelinePlan(config, schedule, lowered, job_order, split, plan, report)
