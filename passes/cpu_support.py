@@ -8,7 +8,9 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
   registered for the group's ring instead (ring 0 comes from ``dist.init_parallel_env()``).
 * ``core.reshard`` of a parameter whose mesh excludes this rank crashes (SIGSEGV) when the
   tensor holds no data: such a tensor is returned unchanged, which is what the engine's
-  parameter set-up does with it anyway (it drops it).
+  parameter set-up does with it anyway (it drops it).  A replicated parameter that moves to
+  another mesh (the engine's VPP chunk completion re-places blocks) crashes too (p2p on CPU):
+  it is broadcast from its source rank over the gloo world group instead.
 * The engine's ``barrier`` op needs an NCCL context: on ring 0 it becomes
   ``paddle.distributed.barrier()`` over the gloo group.
 
@@ -50,12 +52,52 @@ def _instantiate_gloo(group) -> None:
     group._is_instantiate = True
 
 
+def _moves_between_meshes(tensor, dist_attr) -> bool:
+    """A replicated tensor going to another process mesh (a parameter whose stage moved to
+    another rank, as the engine's chunk completion does for VPP)."""
+    src, dst = tensor.process_mesh, dist_attr.process_mesh
+    return src.process_ids != dst.process_ids and all(
+        isinstance(p, paddle.distributed.Replicate) for p in tensor.placements) and all(
+        d == -1 for d in dist_attr.dims_mapping)
+
+
 def _reshard(original):
     def reshard(tensor, dist_attr):
+        if tensor.is_dist() and _moves_between_meshes(tensor, dist_attr):
+            return _move_between_meshes(tensor, dist_attr)
         if not tensor._is_initialized():
             return tensor  # another rank's parameter: nothing to move here
         return original(tensor, dist_attr)
     return reshard
+
+
+def _move_between_meshes(tensor, dist_attr):
+    """Paddle's same-status reshard (p2p) crashes on CPU: broadcast the value from the first
+    rank of the source mesh over the gloo world group instead (every rank takes part, in the
+    engine's parameter order); ranks of the target mesh get it as a replicated dist tensor,
+    the others an empty tensor (the caller then drops the parameter there)."""
+    static = not paddle.in_dynamic_mode()  # the engine reshards parameters in static mode
+    if static:
+        paddle.disable_static()
+    try:
+        return _broadcast_to_mesh(tensor, dist_attr)
+    finally:
+        if static:
+            paddle.enable_static()
+
+
+def _broadcast_to_mesh(tensor, dist_attr):
+    from paddle.distributed.auto_parallel.api import dtensor_from_local
+
+    rank = paddle.distributed.get_rank()
+    root = tensor.process_mesh.process_ids[0]
+    local = tensor._local_value()
+    buf = local.clone() if rank == root else paddle.zeros(tensor.shape, tensor.dtype)
+    paddle.distributed.broadcast(buf, src=root)
+    mesh = dist_attr.process_mesh
+    if rank not in mesh.process_ids:
+        return paddle.Tensor()
+    return dtensor_from_local(buf, mesh, [paddle.distributed.Replicate()] * mesh.ndim)
 
 
 def _barrier(original):
