@@ -8,8 +8,8 @@ The model is written as a Paddle user writes it: ``paddle.nn`` layers, each deco
 parameters on the process mesh of its pipeline stage (stages in model order, as Paddle's VPP
 documentation places them), activations moved with ``dist.reshard``, and
 ``strategy.pipeline.vpp_seg_method`` naming the block class.  Only ``schedule_mode`` and
-``vpp_degree`` change between schedules: pipesplit assigns the blocks to (rank, chunk) by the
-schedule's placement (looped or V).  ``--paddle`` runs Paddle's own pass instead (FThenB, 1F1B,
+``vpp_degree`` change between schedules: ``pipesplit.passes.engine.block_meshes`` gives each
+block the mesh of its stage under the schedule's placement (looped or V).  ``--paddle`` runs Paddle's own pass instead (FThenB, 1F1B,
 VPP only).  On a CPU build, ``pipesplit.passes.cpu_support.enable()`` lets the engine start.
 """
 from __future__ import annotations
@@ -49,27 +49,27 @@ class DecoderBlock(nn.Layer):
 class TinyGPT(nn.Layer):
     """Embedding, ``layers`` decoder blocks, final norm and LM head.
 
-    ``meshes``: one process mesh per pipeline rank; block ``i`` goes to mesh
-    ``i * len(meshes) // layers`` (model order), the embedding to the first, the head to the
-    last.  ``None`` builds the plain one-process model (the reference)."""
+    ``block_mesh``: the process mesh of each block, from the schedule's placement
+    (``pipesplit.passes.engine.block_meshes``); the embedding goes with the first block, the
+    final norm and head with the last.  ``None`` builds the plain one-process model (the
+    reference)."""
 
     def __init__(self, vocab: int, hidden: int, heads: int, layers: int, seq: int,
-                 meshes=None):
+                 block_mesh=None):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.pos = nn.Embedding(seq, hidden)
         self.blocks = nn.LayerList([DecoderBlock(hidden, heads) for _ in range(layers)])
         self.norm = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab)
-        self.meshes = meshes
-        if meshes is not None:
-            self.block_mesh = [meshes[i * len(meshes) // layers] for i in range(layers)]
-            self._place(self.embed, meshes[0])
-            self._place(self.pos, meshes[0])
-            for block, mesh in zip(self.blocks, self.block_mesh):
+        self.block_mesh = block_mesh
+        if block_mesh is not None:
+            self._place(self.embed, block_mesh[0])
+            self._place(self.pos, block_mesh[0])
+            for block, mesh in zip(self.blocks, block_mesh):
                 self._place(block, mesh)
-            self._place(self.norm, meshes[-1])
-            self._place(self.head, meshes[-1])
+            self._place(self.norm, block_mesh[-1])
+            self._place(self.head, block_mesh[-1])
 
     @staticmethod
     def _place(layer, mesh):
@@ -82,14 +82,10 @@ class TinyGPT(nn.Layer):
     def forward(self, ids):
         positions = paddle.arange(ids.shape[1], dtype="int64").unsqueeze(0)
         x = self.embed(ids) + self.pos(positions)
-        mesh = self.meshes[0] if self.meshes else None
         for i, block in enumerate(self.blocks):
-            if self.meshes is not None and self.block_mesh[i] != mesh:
-                mesh = self.block_mesh[i]
-                x = dist.reshard(x, mesh, [dist.Replicate()])
+            if self.block_mesh is not None and i > 0 and self.block_mesh[i] != self.block_mesh[i - 1]:
+                x = dist.reshard(x, self.block_mesh[i], [dist.Replicate()])
             x = block(x)
-        if self.meshes is not None and mesh != self.meshes[-1]:
-            x = dist.reshard(x, self.meshes[-1], [dist.Replicate()])
         return self.head(self.norm(x))
 
 
@@ -120,9 +116,9 @@ def make_optimizer(args, parameters):
     return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters, grad_clip=clip)
 
 
-def build(args, meshes=None):
+def build(args, block_mesh=None):
     paddle.seed(args.seed)  # identical initial parameters on every rank and in the reference
-    return TinyGPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, meshes)
+    return TinyGPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, block_mesh)
 
 
 def reference(args):
@@ -203,11 +199,14 @@ def main(argv=None) -> int:
     cpu_support.enable()  # does nothing on a CUDA build
 
     meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
-    model = build(args, meshes)
+    from pipesplit.passes.engine import block_meshes
+    block_mesh = block_meshes(meshes, args.layers, args.schedule, args.vpp)
+    model = build(args, block_mesh)
     opt = make_optimizer(args, model.parameters())
     data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
     loader = paddle.io.DataLoader(data, batch_size=args.batch, shuffle=False)
-    dist_loader = dist.shard_dataloader(loader, meshes=[meshes[0], meshes[-1]])
+    # every rank is fed the whole batch; the engine gives each data op the mesh of its users
+    dist_loader = loader
     dist_model = dist.to_static(model, dist_loader, lm_loss, opt, make_strategy(args))
     dist_model.train()
 

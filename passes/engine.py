@@ -20,7 +20,7 @@ micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
@@ -40,6 +40,26 @@ from pipesplit.ir_utils.p2p import Transfer, build_comm_program  # noqa: E402
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
 COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
 HANDOFF_PREFIX = "pipesplit_p2p_"
+
+
+def block_meshes(meshes: Sequence, num_blocks: int, schedule_mode: str, vpp_degree: int = 1
+                 ) -> list:
+    """The process mesh of each of ``num_blocks`` blocks (model order) for the schedule's
+    placement: ``meshes[r]`` is pipeline rank r's mesh.  Block i goes to virtual stage
+    ``i * pp * vpp // num_blocks`` and that stage's rank (looped or V).  Use it to place the
+    blocks, the head (the last block's mesh) and the labels, so one model code serves every
+    schedule; with vpp = 1 and looped schedules it is the plain model-order split."""
+    from pipesplit.job_list.placement import Placement, check_positive_int
+    from pipesplit.job_list.registry import get_spec
+
+    pp = len(meshes)
+    check_positive_int("vpp_degree", vpp_degree)
+    stages = pp * vpp_degree
+    if num_blocks % stages:
+        raise ValueError(f"num_blocks must be a multiple of pp x vpp_degree = {stages}, "
+                         f"got {num_blocks}")
+    placement = Placement(get_spec(schedule_mode).placement, pp, vpp_degree)
+    return [meshes[placement.rank_of(i * stages // num_blocks)] for i in range(num_blocks)]
 
 
 def is_engine_program(program) -> bool:

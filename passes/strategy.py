@@ -24,9 +24,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pipesplit.job_list.placement import V_SHAPE
-from pipesplit.job_list.registry import get_spec
-
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
 from .core import PipelinePlan
@@ -154,14 +151,13 @@ def _engine_init(original):
 
 
 def _complete_chunk_id(original):
-    """The engine's chunk completion, with the blocks assigned to (rank, chunk) by the
-    requested schedule's placement: looped as Paddle does (round-robin), V by
-    :func:`assign_v_placement` first."""
+    """Paddle's chunk completion, asked with ``schedule_mode="VPP"``; nothing to do for one
+    chunk per rank.  Stage meshes in model order are assigned round-robin (looped); meshes
+    that already follow the V placement (:func:`pipesplit.passes.engine.block_meshes`) are
+    kept, with chunk = stage // pp."""
     def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
         if not pipeline_strategy.enable or int(pipeline_strategy.vpp_degree) < 2:
             return None
-        if get_spec(requested_schedule(pipeline_strategy)).placement == V_SHAPE:
-            assign_v_placement(dist_program, pipeline_strategy)
         return original(dist_program, startup_program, pipeline_strategy)
     return complete_chunk_id
 
@@ -176,47 +172,6 @@ def _check_chunk_id(original):
             return None
         return original(dist_program)
     return check_chunk_id
-
-
-def assign_v_placement(dist_program, pipeline_strategy) -> None:
-    """Move the segments (``vpp_seg_method`` blocks, in model order) onto the meshes of the V
-    placement: segment i of L goes to virtual stage s = i * pp*vpp // L, on rank r with
-    s = c*pp + r for even chunks c and s = c*pp + pp-1-r for odd ones.  Ops before the first
-    block go with it, ops after the last block (final norm, head, loss) with the last one.
-    Paddle's ``complete_chunk_id`` then sees non-monotonic (custom) meshes, keeps them and
-    sets chunk = s // pp, the local chunk of both placements."""
-    from paddle.distributed.auto_parallel.static.pir_pass import (
-        _extract_seg_method, _get_seg_struct_names, _set_process_mesh_and_chunk_id)
-    from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
-    from pipesplit.job_list.placement import Placement
-
-    pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
-    seg_method = pipeline_strategy.vpp_seg_method
-    if not seg_method:
-        raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
-                         f"(vpp_degree={vpp})")
-    ops = dist_program.global_block().ops
-    segments = _get_seg_struct_names(ops, seg_method)
-    stages = pp * vpp
-    if len(segments) % stages:
-        raise ValueError(f"strategy.pipeline: {len(segments)} {seg_method} blocks cannot be split "
-                         f"evenly over pp_degree x vpp_degree = {stages} stages")
-    meshes = get_sub_process_mesh_by_program(dist_program)
-    if len(meshes) != pp:
-        raise ValueError(f"strategy.pipeline.pp_degree is {pp}, but the model uses "
-                         f"{len(meshes)} stage meshes")
-    placement = Placement(V_SHAPE, pp, vpp)
-    index = {name: i for i, name in enumerate(segments)}
-    seg = 0
-    for op in ops:
-        name = _extract_seg_method(op, seg_method)
-        if name is not None:
-            seg = index[name]
-        if op.dist_attr is None or op.name() == "dist_op.reshard":
-            continue
-        stage = seg * stages // len(segments)
-        _set_process_mesh_and_chunk_id(op, meshes[placement.rank_of(stage)], stage // pp,
-                                       set_input_mesh=True, set_output_mesh=True)
 
 
 def enable_strategy() -> None:
