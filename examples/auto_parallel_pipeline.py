@@ -179,6 +179,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--paddle", action="store_true",
                    help="use Paddle's own pipeline pass (FThenB, 1F1B, VPP) instead of pipesplit")
+    p.add_argument("--mesh-order", default=None,
+                   help="place the blocks as this schedule's placement would (default: the "
+                        "schedule's own; another shows the mismatch error)")
     p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
     args = p.parse_args(argv)
     if args.vpp is None:
@@ -200,7 +203,7 @@ def main(argv=None) -> int:
 
     meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
     from pipesplit.passes.engine import block_meshes
-    block_mesh = block_meshes(meshes, args.layers, args.schedule, args.vpp)
+    block_mesh = block_meshes(meshes, args.layers, args.mesh_order or args.schedule, args.vpp)
     model = build(args, block_mesh)
     opt = make_optimizer(args, model.parameters())
     data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)

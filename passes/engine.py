@@ -82,8 +82,12 @@ def _kind_of(op) -> str:
         return SEND_FORWARD if sending else RECV_FORWARD
     if op.op_role == BACKWARD:
         return SEND_BACKWARD if sending else RECV_BACKWARD
-    raise ValueError(f"the engine program has {op.name()} with op_role {op.op_role}; pipesplit "
-                     "knows p2p only between forward stages or between backward stages")
+    raise ValueError(
+        f"the engine program has {op.name()} with op_role {op.op_role} (optimizer): Paddle's "
+        "engine exchanges per-parameter values between pipeline ranks there (e.g. for "
+        "ClipGradByGlobalNorm), which pipesplit's engine path does not serve yet; train "
+        "without a cross-rank optimizer step (no global-norm clip) or use pipesplit's own "
+        "per-rank programs (tools/train.py)")
 
 
 def _ring_ranks(ring_id: int) -> Tuple[int, ...]:
@@ -130,6 +134,12 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransf
         stage = placement.stage(rank, chunk)
         other = stage + 1 if kind in (SEND_FORWARD, RECV_BACKWARD) else stage - 1
         expected = placement.rank_of(other) if 0 <= other < schedule.num_stages else None
+        if expected is None:
+            raise ValueError(
+                f"strategy.pipeline.schedule_mode={schedule.name!r} makes stage {stage} (rank "
+                f"{rank}, chunk {chunk}) the {'last' if other > stage else 'first'} stage, but "
+                f"the engine's program has a {op.name()} ({kind}) with rank {peer}: the stage "
+                "meshes contradict the schedule's placement")
         if peer != expected:
             raise ValueError(
                 f"strategy.pipeline.schedule_mode={schedule.name!r} puts stage {stage} (rank "
