@@ -223,7 +223,8 @@ def main(argv=None) -> int:
 
     ref_losses, ref_params = reference(args)
     diffs = [float(np.max(np.abs(local - ref_params[name])))
-             for name, local in local_parameters(dist_model).items()]
+             for name, local in local_parameters(dist_model).items()
+             if name in ref_params]  # (a scheduler's learning rate is listed too)
     mine = {"rank": rank, "losses": losses or None, "max_param_diff": max(diffs, default=0.0),
             "num_params": len(diffs)}
     everyone = exchange(rank, world, mine)

@@ -173,9 +173,22 @@ def _complete_chunks(ops, idx) -> None:
         raise ValueError("cannot infer a chunk id for ops: "
                          + ", ".join(_describe(op) for op in missing[:50])
                          + (f" ... ({len(missing)} in all)" if len(missing) > 50 else ""))
+    _keep_vectors_with_their_user(ops, idx, chunk)
     for op in ops:
         if idx[op] in chunk:
             op.set_int_attr("chunk_id", chunk[idx[op]])
+
+
+def _keep_vectors_with_their_user(ops, idx, chunk) -> None:
+    """A ``builtin.combine`` makes a vector value, which cannot be handed over between
+    sub-programs: it goes with the op that reads it (e.g. the ``add_n`` summing the gradient
+    contributions of a value that two chunks on one rank read, the V placement's turn)."""
+    for op in ops:
+        if op.name() != "builtin.combine":
+            continue
+        users = [u for u in _users(op) if idx.get(u) in chunk]
+        if users:
+            chunk[idx[op]] = chunk[idx[users[0]]]
 
 
 def _infer_chunk(op, chunk, idx):
