@@ -183,6 +183,7 @@ def parse_args(argv=None):
                    help="place the blocks as this schedule's placement would (default: the "
                         "schedule's own; another shows the mismatch error)")
     p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
+    p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
     if args.vpp is None:
         from pipesplit.job_list.registry import get_spec
@@ -193,10 +194,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dist.init_parallel_env()
+    if not dist.is_initialized():
+        dist.init_parallel_env()
     rank, world = dist.get_rank(), dist.get_world_size()
-    if not args.paddle:
-        from pipesplit.passes import strategy as pipesplit_strategy
+    from pipesplit.passes import strategy as pipesplit_strategy
+    if args.paddle:
+        pipesplit_strategy.disable_strategy()  # (a no-op unless enabled before)
+    else:
         pipesplit_strategy.enable_strategy()
     from pipesplit.passes import cpu_support
     cpu_support.enable()  # does nothing on a CUDA build
@@ -227,7 +231,7 @@ def main(argv=None) -> int:
              if name in ref_params]  # (a scheduler's learning rate is listed too)
     mine = {"rank": rank, "losses": losses or None, "max_param_diff": max(diffs, default=0.0),
             "num_params": len(diffs)}
-    everyone = exchange(rank, world, mine)
+    everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
     holder = next(r for r in everyone if r["losses"] is not None)
     if rank == holder["rank"]:
         record = {"schedule": args.schedule, "pp": world, "vpp": args.vpp, "m": args.m,
@@ -243,7 +247,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(record, f, indent=1)
-    exchange(rank, world, {}, key="done")  # rank 0 hosts the store: keep it until all are done
+    # rank 0 hosts the store: keep it until all are done
+    exchange(rank, world, {}, key=f"{args.tag}/done")
     return 0
 
 

@@ -215,3 +215,46 @@ def comm_peers(program) -> List[Tuple[str, int, Optional[int]]]:
             attrs = op.attrs()
             out.append((name, int(attrs["ring_id"]), int(attrs["root"])))
     return out
+
+
+def drop_event_dependencies(program) -> None:
+    """Clear the cross-program stream events (``force_record_event`` / ``events_to_wait``)
+    of every op: the CPU transport runs one stream per rank, in job order."""
+    for op in program.global_block().ops:
+        attrs = op.attrs()
+        if attrs.get("events_to_wait"):
+            op.set_str_array_attr("events_to_wait", [])
+        if attrs.get("force_record_event"):
+            op.set_bool_attr("force_record_event", False)
+
+
+def p2p_to_gloo_broadcasts(program, rank: int, ring_ranks) -> int:
+    """Rewrite (in place) every ``send_v2`` / ``recv_v2`` of ``program`` as a
+    ``pd_op.broadcast_`` on ring 0 rooted at the sender, as the CPU transport needs (two
+    ranks).  ``ring_ranks(ring_id)`` gives the global ranks of a ring (``peer`` indexes it).
+    Both ends must then issue their transfers in the same order.  Returns the count."""
+    block = program.global_block()
+    count = 0
+    for op in list(block.ops):
+        if op.name() not in ("pd_op.send_v2", "pd_op.recv_v2"):
+            continue
+        attrs = op.attrs()
+        peer = list(ring_ranks(int(attrs["ring_id"])))[int(attrs["peer"])]
+        paddle.pir.set_insertion_point(op)
+        n_before = len(block.ops)
+        if op.name() == "pd_op.send_v2":
+            paddle._C_ops.broadcast_(op.operand_source(0), CPU_RING_ID, rank)
+        else:
+            buf = paddle.full(list(attrs["out_shape"]), 0.0, dtype=attrs["dtype"])
+            out = paddle._C_ops.broadcast_(buf, CPU_RING_ID, peer)
+            op.result(0).replace_all_uses_with(out)
+        position = list(block.ops).index(op)
+        made = list(block.ops)[position - (len(block.ops) - n_before): position]
+        for new in made:
+            new.op_role = op.op_role
+            if op.has_attr("chunk_id"):
+                new.set_int_attr("chunk_id", op.chunk_id)
+        op.erase()
+        count += 1
+    paddle.pir.set_insertion_point_to_block_end(block)
+    return count

@@ -14,9 +14,12 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
 * The engine's ``barrier`` op needs an NCCL context: on ring 0 it becomes
   ``paddle.distributed.barrier()`` over the gloo group.
 
-The pipeline's own transfers are not patched here: pipesplit's engine path
-(:mod:`pipesplit.passes.engine`) turns Paddle's ``send_v2`` / ``recv_v2`` into gloo broadcasts
-on CPU, so it needs two pipeline ranks there (one usable communicator per process).
+* Paddle's own pipeline plans (FThenB, 1F1B, VPP through the engine) carry ``send_v2`` /
+  ``recv_v2``, whose CPU kernels are stubs: when the engine hands the plan to its executor
+  (``Executor._set_plan``) they become gloo broadcasts on ring 0, rooted at the sender.
+
+pipesplit's own engine path (:mod:`pipesplit.passes.engine`) builds its gloo transfers itself.
+Either way a CPU pipeline has two ranks (one usable communicator per process).
 :func:`disable` restores every patched name.
 """
 from __future__ import annotations
@@ -110,6 +113,23 @@ def _barrier(original):
     return barrier
 
 
+def _set_plan(original):
+    def _set_plan(executor, plan):
+        """Paddle's own pipeline plans carry NCCL-style send_v2 / recv_v2, whose CPU kernels
+        are stubs: they become gloo broadcasts (what pipesplit's CPU transport uses)."""
+        from paddle.distributed.auto_parallel.static.process_group import get_process_group
+        from pipesplit.ir_utils.p2p import drop_event_dependencies, p2p_to_gloo_broadcasts
+
+        rank = paddle.distributed.get_rank()
+        programs = [plan.ir_program(t) for t in plan.job_types()]
+        if sum(p2p_to_gloo_broadcasts(p, rank, lambda ring: get_process_group(ring).ranks)
+               for p in programs):
+            for p in programs:
+                drop_event_dependencies(p)
+        return original(executor, plan)
+    return _set_plan
+
+
 def enable() -> bool:
     """Patch the engine's CPU gaps (idempotent).  Returns True if anything was patched (False
     on a CUDA / XPU build, where nothing is needed)."""
@@ -124,7 +144,9 @@ def enable() -> bool:
     _originals["instantiate"] = process_group.ProcessGroup.instantiate
     _originals["reshard"] = core.reshard
     _originals["barrier"] = legacy.barrier
+    _originals["set_plan"] = paddle.base.executor.Executor._set_plan
     process_group.ProcessGroup.instantiate = _instantiate_gloo
+    paddle.base.executor.Executor._set_plan = _set_plan(_originals["set_plan"])
     core.reshard = _reshard(_originals["reshard"])
     legacy.barrier = _barrier(_originals["barrier"])
     return True
@@ -139,6 +161,7 @@ def disable() -> None:
     process_group.ProcessGroup.instantiate = _originals.pop("instantiate")
     paddle.base.core.reshard = _originals.pop("reshard")
     paddle._legacy_C_ops.barrier = _originals.pop("barrier")
+    paddle.base.executor.Executor._set_plan = _originals.pop("set_plan")
 
 
 def is_enabled() -> bool:
