@@ -112,7 +112,13 @@ def make_optimizer(args, parameters):
     lr = args.lr
     if args.lr_schedule == "step":
         lr = paddle.optimizer.lr.StepDecay(learning_rate=args.lr, step_size=1, gamma=0.5)
-    clip = paddle.nn.ClipGradByGlobalNorm(args.clip_global_norm) if args.clip_global_norm else None
+    clip = None
+    if args.clip_global_norm:
+        clip = paddle.nn.ClipGradByGlobalNorm(args.clip_global_norm)
+    elif args.clip_by_norm:
+        clip = paddle.nn.ClipGradByNorm(args.clip_by_norm)
+    elif args.clip_by_value:
+        clip = paddle.nn.ClipGradByValue(args.clip_by_value)
     return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters, grad_clip=clip)
 
 
@@ -174,7 +180,13 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--lr-schedule", choices=("constant", "step"), default="constant")
-    p.add_argument("--clip-global-norm", type=float, default=None)
+    clip = p.add_mutually_exclusive_group()
+    clip.add_argument("--clip-global-norm", type=float, default=None,
+                      help="paddle.nn.ClipGradByGlobalNorm threshold")
+    clip.add_argument("--clip-by-norm", type=float, default=None,
+                      help="paddle.nn.ClipGradByNorm threshold")
+    clip.add_argument("--clip-by-value", type=float, default=None,
+                      help="paddle.nn.ClipGradByValue bound")
     p.add_argument("--split-backward", action="store_true")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--paddle", action="store_true",

@@ -34,8 +34,9 @@ from .core import PipelinePlan, make_schedule, split_sub_programs
 paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
-from pipesplit.ir_utils.complete import BACKWARD, FORWARD  # noqa: E402
-from pipesplit.ir_utils.p2p import Transfer, build_comm_program  # noqa: E402
+from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
+from pipesplit.ir_utils.complete import BACKWARD, FORWARD, OPTIMIZE  # noqa: E402
+from pipesplit.ir_utils.p2p import Transfer, build_comm_program, p2p_to_gloo_broadcasts  # noqa: E402
 
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
 COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
@@ -82,12 +83,9 @@ def _kind_of(op) -> str:
         return SEND_FORWARD if sending else RECV_FORWARD
     if op.op_role == BACKWARD:
         return SEND_BACKWARD if sending else RECV_BACKWARD
-    raise ValueError(
-        f"the engine program has {op.name()} with op_role {op.op_role} (optimizer): Paddle's "
-        "engine exchanges per-parameter values between pipeline ranks there (e.g. for "
-        "ClipGradByGlobalNorm), which pipesplit's engine path does not serve yet; train "
-        "without a cross-rank optimizer step (no global-norm clip) or use pipesplit's own "
-        "per-rank programs (tools/train.py)")
+    raise ValueError(f"the engine program has {op.name()} with op_role {op.op_role}; "
+                     "pipesplit knows p2p between forward stages, between backward stages "
+                     "and inside the optimizer")
 
 
 def _ring_ranks(ring_id: int) -> Tuple[int, ...]:
@@ -125,8 +123,8 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransf
     out: List[EngineTransfer] = []
     counts: Dict[Tuple[str, int], int] = {}
     for op in list(block.ops):
-        if op.name() not in P2P_OPS:
-            continue
+        if op.name() not in P2P_OPS or op.op_role == OPTIMIZE:
+            continue  # the optimizer's exchanges (clipping's norms) stay in its program
         kind, chunk = _kind_of(op), op.chunk_id
         attrs = op.attrs()
         ring = (int(attrs["ring_id"]), _ring_ranks(int(attrs["ring_id"])))
@@ -217,6 +215,10 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
                                        accumulate=None, prepare=prepare, fetch_names=[])
     _check_against_schedule(found, lowered, rank)
     programs = dict(split.programs)
+    optimizer = programs[OPTIMIZER]
+    clip_the_average(optimizer, config.num_micro_batches)
+    if backend == "gloo":  # the optimizer job runs last on every rank: its exchanges match
+        p2p_to_gloo_broadcasts(optimizer, rank, _ring_ranks)
     for chunk in range(config.vpp_degree):
         for kind in COMM_KINDS:
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]

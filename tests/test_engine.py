@@ -29,39 +29,58 @@ EXAMPLE = ROOT / "examples" / "auto_parallel_pipeline.py"
 TOL = 1e-6
 
 
-def _launch(tmp_path, tag, *args):
-    out = tmp_path / f"{tag}.json"
-    logs = tmp_path / f"log_{tag}"
+GRID = ROOT / "tests" / "engine_grid.py"
+
+
+def _launch(workdir: Path, script: Path, *args):
+    """Two processes under paddle.distributed.launch; returns (rc, the workers' logs)."""
+    logs = workdir / "log"
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
-           "--log_dir", str(logs), str(EXAMPLE), *args, "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+           "--log_dir", str(logs), str(script), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     worker_logs = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("workerlog.*")))
-    return proc.returncode, (json.loads(out.read_text()) if out.exists() else None), worker_logs
+    return proc.returncode, worker_logs
 
 
-# (tag, example arguments): every looped schedule family, m a multiple of pp and not, with
-# and without the B / W split, and an LR schedule stepped by the user between steps
-CONFIGS = [
-    ("fthenb_m3", ["--schedule", "FThenB", "-m", "3"]),
-    ("1f1b_m2", ["--schedule", "1F1B", "-m", "2"]),
-    ("1f1b_m4_split", ["--schedule", "1F1B", "-m", "4", "--split-backward"]),
-    ("1f1b_m4_stepdecay", ["--schedule", "1F1B", "-m", "4", "--lr-schedule", "step"]),
-    ("eager1f1b_m3", ["--schedule", "Eager1F1B", "-m", "3"]),
-    ("vpp_m4", ["--schedule", "VPP", "--vpp", "2", "-m", "4"]),
-    ("vpp_m3", ["--schedule", "VPP", "--vpp", "2", "-m", "3"]),
-    ("zbh1_m3", ["--schedule", "ZBH1", "-m", "3"]),
-    ("zbh2_m4", ["--schedule", "ZBH2", "-m", "4"]),
-    ("interleavedzb_m4", ["--schedule", "InterleavedZB", "--vpp", "2", "-m", "4"]),
-    ("auto_m4", ["--schedule", "auto", "-m", "4"]),
-]
+VPP_OF = {"VPP": 2, "InterleavedZB": 2, "ZBV": 2, "ZBVPP": 2, "DualPipeV": 2}
+SCHEDULES = ["FThenB", "1F1B", "Eager1F1B", "VPP", "ZBH1", "ZBH2", "InterleavedZB", "ZBV",
+             "ZBVPP", "DualPipeV", "auto"]
+
+
+def _configs():
+    """(tag, example arguments): every schedule at m in {2, 3, 4}; the B / W split on a
+    classic schedule; an LR scheduler stepped between steps; Paddle's own FThenB / 1F1B."""
+    out = []
+    for name in SCHEDULES:
+        for m in (2, 3, 4):
+            out.append((f"{name}_m{m}", ["--schedule", name, "--vpp", VPP_OF.get(name, 1),
+                                          "-m", m]))
+    out.append(("VPP_m4_split", ["--schedule", "VPP", "--vpp", 2, "-m", 4, "--split-backward"]))
+    out.append(("ZBV_m4_stepdecay", ["--schedule", "ZBV", "-m", 4, "--lr-schedule", "step"]))
+    out.append(("1F1B_m4_stepdecay", ["--schedule", "1F1B", "-m", 4, "--lr-schedule", "step"]))
+    for name in ("FThenB", "1F1B"):
+        out.append((f"paddle_{name}_m4", ["--schedule", name, "-m", 4, "--paddle"]))
+    return [(tag, [str(a) for a in args] + ["--steps", "2"]) for tag, args in out]
+
+
+CONFIGS = _configs()
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """All configurations in ONE two-process launch; tag -> the example's JSON record."""
+    work = tmp_path_factory.mktemp("engine_grid")
+    (work / "configs.json").write_text(json.dumps(CONFIGS))
+    rc, logs = _launch(work, GRID, work / "configs.json", work)
+    assert rc == 0, logs[-4000:]
+    return {tag: json.loads((work / f"{tag}.json").read_text()) for tag, _ in CONFIGS}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tag,args", CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_engine_trains_like_the_dygraph_reference(tmp_path, tag, args):
-    rc, record, logs = _launch(tmp_path, tag, *args, "--steps", "2")
-    assert rc == 0, logs[-3000:]
+@pytest.mark.parametrize("tag", [t for t, _ in CONFIGS])
+def test_engine_trains_like_the_dygraph_reference(grid, tag):
+    record = grid[tag]
     assert record["params_compared"] == 70  # every parameter of the model, over both ranks
     assert len(record["losses"]) == 2 and len(record["losses"][0]) == record["m"]
     assert record["max_loss_diff"] <= TOL
@@ -69,11 +88,18 @@ def test_engine_trains_like_the_dygraph_reference(tmp_path, tag, args):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["FThenB", "1F1B"])
+def test_engine_equals_paddles_own_pass(grid, name):
+    ours, paddles = grid[f"{name}_m4"]["losses"], grid[f"paddle_{name}_m4"]["losses"]
+    assert max(abs(a - b) for x, y in zip(ours, paddles) for a, b in zip(x, y)) <= TOL
+
+
+@pytest.mark.slow
 def test_meshes_that_contradict_the_schedule_are_refused(tmp_path):
     # blocks placed in V order (ranks 0, 1, 1, 0) while the schedule is looped VPP
-    rc, record, logs = _launch(tmp_path, "mismatch", "--schedule", "VPP", "--vpp", "2",
-                               "--mesh-order", "ZBV", "-m", "4", "--steps", "1")
-    assert rc != 0 and record is None
+    rc, logs = _launch(tmp_path, EXAMPLE, "--schedule", "VPP", "--vpp", "2",
+                       "--mesh-order", "ZBV", "-m", "4", "--steps", "1")
+    assert rc != 0
     assert ("ValueError: strategy.pipeline.schedule_mode='VPP' makes stage 3 (rank 1, chunk 1) "
             "the last stage, but the engine's program has a pd_op.send_v2 (send_forward) with "
             "rank 0: the stage meshes contradict the schedule's placement") in logs
