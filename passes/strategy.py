@@ -1,24 +1,23 @@
 """Route Paddle's auto-parallel pipeline step to pipesplit, so ``strategy.pipeline.schedule_mode``
 can be any pipesplit schedule (ZBH1, ZBV, ZBVPP, DualPipeV, auto ...).
 
-Paddle 3.3.1's ``paddle.distributed.auto_parallel.static.pir_pass.pipeline_pass(
-dense_main_program, dense_startup_program, pipeline_strategy)`` accepts only FThenB, 1F1B and
-VPP.  Its engine (``auto_parallel/static/engine.py``) imports the function by name
-(``from .pir_pass import pipeline_pass``) and calls
-``pipeline_pass([dense_program], [dense_program], self._strategy.pipeline)``, so
-:func:`enable_strategy` replaces the name in both modules; :func:`disable_strategy` restores
-Paddle's function.  It also calls :func:`pipesplit.passes.registration.enable` (Paddle's
-``pipeline_scheduler_<NAME>`` passes -> pipesplit) and undoes that again.
+Paddle 3.3.1's engine (``auto_parallel/static/engine.py``) calls
+``pipeline_pass([dense_program], [dense_program], self._strategy.pipeline)``, a function that
+accepts only FThenB, 1F1B and VPP, and tests ``schedule_mode == "VPP"`` for its chunk
+completion, its chunk check and the loss fetch.  :func:`enable_strategy`:
 
-The strategy fields used: ``schedule_mode`` (any pipesplit name or alias), ``accumulate_steps``
-(micro-batches), ``pp_degree``, ``vpp_degree``, ``split_backward``.  With one process the plan
-emulates every pipeline rank (``pp_stage=None``); with several, ``pp_stage`` is this process's
-pipeline stage (Paddle's ``get_pp_stage_by_pp_degree``).  The program must be pipesplit's
-input: every virtual stage, chunk id = global stage (not a program the auto-parallel engine has
-already partitioned per rank with its own send_v2 / recv_v2 ops: that raises ``ValueError``).
+* replaces ``pipeline_pass`` in ``pir_pass`` and in the engine (which imported the name);
+* wraps ``Engine.__init__``: the strategy is checked (a schedule that cannot serve it is a
+  ``ValueError`` naming the field), the requested name is kept beside the engine's copy of the
+  strategy and the engine sees ``"VPP"`` (the user's strategy object is a different copy);
+* wraps the engine's ``complete_chunk_id`` (nothing to do with one chunk per rank) and
+  ``check_chunk_id`` (skipped when no op has a chunk id: pipesplit gives them chunk 0);
+* routes Paddle's ``pipeline_scheduler_<NAME>`` passes to pipesplit (registration.enable).
 
-Gradient accumulators must be zeroed once after the startup program:
-``last_pipeline().init_scope(scope, place)``.
+:func:`disable_strategy` restores all of it.  The engine's per-rank program goes to
+:mod:`pipesplit.passes.engine`; a whole-model program (chunk id = global stage) to
+:mod:`pipesplit.passes.pipeline` (``pp_stage`` from this process's rank, or every rank emulated
+in one process); zero its gradient accumulators with ``last_pipeline().init_scope(scope)``.
 """
 from __future__ import annotations
 
