@@ -86,6 +86,27 @@ def add_event_dependency(recorder_op, waiter_op, name: str) -> None:
         waiter_op.set_str_array_attr("events_to_wait", waits + [name])
 
 
+def first_user(program, name: str):
+    """First op of ``program`` reading its block kwarg ``name`` (None if none)."""
+    blk = program.global_block()
+    kw = blk.kwargs().get(name)
+    if kw is None:
+        return None
+    for op in blk.ops:
+        if any(v.id == kw.id for v in op.operands_source() if v is not None and v.initialized()):
+            return op
+    return None
+
+
+def producer_of(program, name: str):
+    """The op computing the value ``program`` writes as ``name`` (the operand of its
+    ``builtin.shadow_output``), or None."""
+    for op in program.global_block().ops:
+        if op.name() == "builtin.shadow_output" and op.attrs()["output_name"] == name:
+            return op.operand_source(0).get_defining_op()
+    return None
+
+
 def _bump_progress(block, after_value, place):
     """``progress += 1`` once ``after_value`` exists (data-dependent, so it runs after the comm)."""
     if PROGRESS_VAR in block.kwargs():

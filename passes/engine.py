@@ -36,7 +36,8 @@ paddle = require_supported_paddle()
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.ir_utils.complete import BACKWARD, FORWARD, OPTIMIZE  # noqa: E402
-from pipesplit.ir_utils.p2p import Transfer, build_comm_program, p2p_to_gloo_broadcasts  # noqa: E402
+from pipesplit.ir_utils.p2p import (Transfer, add_event_dependency, build_comm_program,  # noqa: E402
+                                    first_user, p2p_to_gloo_broadcasts, producer_of)
 
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
 COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
@@ -192,6 +193,21 @@ def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, 
             f"vpp_degree={lowered.vpp})")
 
 
+def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: bool) -> None:
+    """GPU: the op producing a sent value records an event its send waits for; a received
+    value's first consumer in every compute program waits for the recv's event."""
+    for t, comm_op in zip(transfers, comm_ops):
+        for job_type, program in compute.items():
+            if sending:
+                producer = producer_of(program, t.name)
+                if producer is not None:
+                    add_event_dependency(producer, comm_op, f"pipesplit_{t.name}")
+            else:
+                user = first_user(program, t.name)
+                if user is not None:
+                    add_event_dependency(comm_op, user, f"pipesplit_{t.name}_{job_type}")
+
+
 def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -> PipelinePlan:
     """The plan of rank ``config.pp_stage`` from the engine's per-rank program (never
     modified).  ``backend``: "gloo" (CPU: two ranks, broadcasts on ring 0) or "nccl"."""
@@ -219,10 +235,13 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
     clip_the_average(optimizer, config.num_micro_batches)
     if backend == "gloo":  # the optimizer job runs last on every rank: its exchanges match
         p2p_to_gloo_broadcasts(optimizer, rank, _ring_ranks)
+    compute = dict(programs)
     for chunk in range(config.vpp_degree):
         for kind in COMM_KINDS:
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
-            programs[f"{kind}{chunk}"], _ = build_comm_program(sel, rank, backend)
+            programs[f"{kind}{chunk}"], comm_ops = build_comm_program(sel, rank, backend)
+            if backend == "nccl":
+                add_stream_events(compute, sel, comm_ops, sending=kind.startswith("send"))
     job_order = []
     for job in lowered.ranks[rank]:
         if job.kind == OPTIMIZER:

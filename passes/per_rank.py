@@ -35,7 +35,7 @@ paddle = require_supported_paddle()
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
-                                    build_comm_program, ring_pair)
+                                    build_comm_program, first_user, producer_of, ring_pair)
 
 DEVICES = ("auto", "cpu", "gpu")
 _TYPE_RE = re.compile(r"^(forward|backward_b|backward_w|backward|send_forward|recv_forward|"
@@ -372,33 +372,12 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                         rank_info=info)
 
 
-def _first_user(program, name: str):
-    """First op of ``program`` reading its block kwarg ``name``."""
-    blk = program.global_block()
-    kw = blk.kwargs().get(name)
-    if kw is None:
-        return None
-    for op in blk.ops:
-        if any(v.id == kw.id for v in op.operands_source() if v is not None and v.initialized()):
-            return op
-    return None
-
-
-def _producer_op(program, name: str):
-    """The op computing handoff ``name`` in its producer ``program`` (the operand of the
-    ``shadow_output`` writing it)."""
-    for op in program.global_block().ops:
-        if op.name() == "builtin.shadow_output" and op.attrs()["output_name"] == name:
-            return op.operand_source(0).get_defining_op()
-    return None
-
-
 def _add_events(split, stage_to_chunk, kind, stage, sel, comm_ops, programs):
     """GPU: producer op -> send op, and recv op -> first consumer op, as event dependencies."""
     for t, op in zip(sel, comm_ops):
         event = f"pipesplit_{kind}_{t.name}"
         if kind in (SEND_FORWARD, SEND_BACKWARD):
-            producer = _producer_op(split.programs[split.handoffs[t.name].producer], t.name)
+            producer = producer_of(split.programs[split.handoffs[t.name].producer], t.name)
             if producer is not None:
                 add_event_dependency(producer, op, event)
         else:
@@ -406,6 +385,6 @@ def _add_events(split, stage_to_chunk, kind, stage, sel, comm_ops, programs):
                 ckind, cstage = parse_job_type(consumer)
                 if cstage != stage:
                     continue
-                user = _first_user(split.programs[consumer], t.name)
+                user = first_user(split.programs[consumer], t.name)
                 if user is not None:
                     add_event_dependency(op, user, f"{event}_{consumer}")
