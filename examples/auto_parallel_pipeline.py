@@ -8,8 +8,10 @@ The model is written as a Paddle user writes it: ``paddle.nn`` layers, each deco
 parameters on the process mesh of its pipeline stage (stages in model order, as Paddle's VPP
 documentation places them), activations moved with ``dist.reshard``, and
 ``strategy.pipeline.vpp_seg_method`` naming the block class.  Only ``schedule_mode`` and
-``vpp_degree`` change between schedules: ``pipesplit.passes.engine.block_meshes`` gives each
-block the mesh of its stage under the schedule's placement (looped or V).  ``--paddle`` runs Paddle's own pass instead (FThenB, 1F1B,
+``vpp_degree`` change between schedules: with vpp > 1 the engine (Paddle's round-robin for
+looped schedules) or pipesplit (V order for ZBV, ZBVPP, DualPipeV ...) assigns the blocks to
+(rank, chunk).  ``--mesh-order schedule`` places them explicitly instead, with
+``pipesplit.passes.engine.block_meshes``.  ``--paddle`` runs Paddle's own pass instead (FThenB, 1F1B,
 VPP only).  On a CPU build, ``pipesplit.passes.cpu_support.enable()`` lets the engine start.
 """
 from __future__ import annotations
@@ -191,9 +193,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--paddle", action="store_true",
                    help="use Paddle's own pipeline pass (FThenB, 1F1B, VPP) instead of pipesplit")
-    p.add_argument("--mesh-order", default=None,
-                   help="place the blocks as this schedule's placement would (default: the "
-                        "schedule's own; another shows the mismatch error)")
+    p.add_argument("--mesh-order", default="model",
+                   help="'model': blocks on the stage meshes in model order (the engine and "
+                        "pipesplit re-place them by the schedule's placement); 'schedule': "
+                        "placed by pipesplit.passes.engine.block_meshes for the schedule; or a "
+                        "schedule name: placed for that one (another placement than the "
+                        "schedule's shows the mismatch error)")
     p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
     p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
@@ -218,8 +223,13 @@ def main(argv=None) -> int:
     cpu_support.enable()  # does nothing on a CUDA build
 
     meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
-    from pipesplit.passes.engine import block_meshes
-    block_mesh = block_meshes(meshes, args.layers, args.mesh_order or args.schedule, args.vpp)
+    from pipesplit.passes.engine import block_meshes  # noqa: F401 (--mesh-order)
+    if args.mesh_order == "model":  # stages in model order, as Paddle's VPP documentation
+        block_mesh = [meshes[i * world // args.layers] for i in range(args.layers)]
+    else:  # already the placement of a schedule
+        block_mesh = block_meshes(meshes, args.layers,
+                                  args.schedule if args.mesh_order == "schedule"
+                                  else args.mesh_order, args.vpp)
     model = build(args, block_mesh)
     opt = make_optimizer(args, model.parameters())
     data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pipesplit.job_list.placement import V_SHAPE
+from pipesplit.job_list.registry import get_spec
+
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
 from .core import PipelinePlan
@@ -151,14 +154,85 @@ def _engine_init(original):
 
 def _complete_chunk_id(original):
     """Paddle's chunk completion, asked with ``schedule_mode="VPP"``; nothing to do for one
-    chunk per rank.  Stage meshes in model order are assigned round-robin (looped); meshes
-    that already follow the V placement (:func:`pipesplit.passes.engine.block_meshes`) are
-    kept, with chunk = stage // pp."""
+    chunk per rank.  Stage meshes in model order are assigned round-robin for looped
+    schedules (Paddle's own rule) and in V order for V-placed ones
+    (:func:`assign_v_placement` first); meshes that already follow the schedule's placement
+    (:func:`pipesplit.passes.engine.block_meshes`) are kept, with chunk = stage // pp."""
     def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
         if not pipeline_strategy.enable or int(pipeline_strategy.vpp_degree) < 2:
             return None
+        if get_spec(requested_schedule(pipeline_strategy)).placement == V_SHAPE:
+            assign_v_placement(dist_program, pipeline_strategy)
         return original(dist_program, startup_program, pipeline_strategy)
     return complete_chunk_id
+
+
+def assign_v_placement(dist_program, pipeline_strategy) -> bool:
+    """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
+    (non-decreasing) the meshes of the V placement, in place: block i of L goes to virtual
+    stage s = i * pp*vpp // L, on rank r with s = c*pp + r for even chunks c and
+    s = c*pp + pp-1-r for odd ones; ops before the first block go with it, ops after the last
+    (final norm, head, loss) with the last.  Paddle's ``complete_chunk_id`` then finds
+    non-monotonic (custom) meshes, keeps them and sets chunk = s // pp.  Returns False (and
+    changes nothing) when the meshes are not in model order (the user placed them)."""
+    from paddle.distributed.auto_parallel.static.pir_pass import (
+        _analyze_use_custom_mesh, _extract_seg_method, _get_seg_struct_names,
+        _set_process_mesh_and_chunk_id)
+    from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
+    import paddle
+    from pipesplit.job_list.placement import Placement
+
+    pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
+    seg_method = pipeline_strategy.vpp_seg_method
+    if not seg_method:
+        raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
+                         f"(vpp_degree={vpp})")
+    ops = dist_program.global_block().ops
+    if not _analyze_use_custom_mesh(ops, seg_method, pp):
+        return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
+    segments = _get_seg_struct_names(ops, seg_method)
+    stages = pp * vpp
+    if len(segments) % stages:
+        raise ValueError(f"strategy.pipeline: {len(segments)} {seg_method} blocks cannot be "
+                         f"split evenly over pp_degree x vpp_degree = {stages} stages")
+    meshes = get_sub_process_mesh_by_program(dist_program)
+    placement = Placement(V_SHAPE, pp, vpp)
+    index = {name: i for i, name in enumerate(segments)}
+    target = {}
+    seg = 0
+    for op in ops:
+        name = _extract_seg_method(op, seg_method)
+        if name is not None:
+            seg = index[name]
+        if op.dist_attr is None or op.name() in ("dist_op.reshard", "builtin.parameter"):
+            continue
+        stage = seg * stages // len(segments)
+        target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp)
+    # an activation crossing to another mesh gets a reshard (the engine's partition turns it
+    # into p2p); a parameter moves with the op that reads it
+    moved = {}
+    for op in ops:
+        if op.id() not in target:
+            continue
+        mesh, chunk = target[op.id()]
+        for i, value in enumerate(op.operands_source()):
+            producer = value.get_defining_op() if value.initialized() else None
+            if producer is None or producer.id() not in target \
+                    or target[producer.id()][0] == mesh:
+                continue
+            key = (value.id, mesh.process_ids[0])
+            if key not in moved:  # right after the producer: between the two blocks
+                paddle.pir.set_insertion_point_after(producer)
+                moved[key] = paddle.distributed.reshard(
+                    value, mesh, [paddle.distributed.Replicate()] * mesh.ndim)
+            op.operand(i).set_source(moved[key])
+    for op in dist_program.global_block().ops:
+        if op.id() in target:
+            mesh, chunk = target[op.id()]
+            _set_process_mesh_and_chunk_id(op, mesh, chunk, set_input_mesh=True,
+                                           set_output_mesh=True)
+    paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
+    return True
 
 
 def _check_chunk_id(original):

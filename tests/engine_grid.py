@@ -16,7 +16,8 @@ def main() -> int:
     configs = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     for tag, argv in configs:
-        with paddle.utils.unique_name.guard():  # fresh names for each model, as in a new process
+        # fresh names and a fresh scope for each model, as in a new process
+        with paddle.utils.unique_name.guard(), paddle.static.scope_guard(paddle.static.Scope()):
             example.main(list(argv) + ["--tag", tag, "--json", str(out / f"{tag}.json")])
     return 0
 

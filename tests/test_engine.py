@@ -57,6 +57,11 @@ def _configs():
             out.append((f"{name}_m{m}", ["--schedule", name, "--vpp", VPP_OF.get(name, 1),
                                           "-m", m]))
     out.append(("VPP_m4_split", ["--schedule", "VPP", "--vpp", 2, "-m", 4, "--split-backward"]))
+    # blocks placed explicitly for the schedule (block_meshes) instead of in model order
+    for name in ("ZBV", "VPP", "DualPipeV"):
+        out.append((f"{name}_m4_placed", ["--schedule", name, "--vpp", VPP_OF.get(name, 1),
+                                          "-m", 4, "--mesh-order", "schedule"]))
+    out.append(("ZBVPP_m4_8blocks", ["--schedule", "ZBVPP", "--vpp", 2, "-m", 4, "--layers", 8]))
     out.append(("ZBV_m4_stepdecay", ["--schedule", "ZBV", "-m", 4, "--lr-schedule", "step"]))
     out.append(("1F1B_m4_stepdecay", ["--schedule", "1F1B", "-m", 4, "--lr-schedule", "step"]))
     for name in ("FThenB", "1F1B"):
@@ -88,7 +93,8 @@ def grid(tmp_path_factory):
 @pytest.mark.parametrize("tag", [t for t, _ in CONFIGS if t != "paddle_1F1B_m4_clipglobal"])
 def test_engine_trains_like_the_dygraph_reference(grid, tag):
     record = grid[tag]
-    assert record["params_compared"] == 70  # every parameter of the model, over both ranks
+    # every parameter of the model (16 per block + 6), over both ranks
+    assert record["params_compared"] == (134 if "8blocks" in tag else 70)
     assert len(record["losses"]) == 2 and len(record["losses"][0]) == record["m"]
     assert record["max_loss_diff"] <= TOL
     assert record["max_param_diff"] <= TOL
