@@ -201,11 +201,11 @@ def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: 
             if sending:
                 producer = producer_of(program, t.name)
                 if producer is not None:
-                    add_event_dependency(producer, comm_op, f"pipesplit_{t.name}")
+                    add_event_dependency(producer, comm_op, t.name)
             else:
                 user = first_user(program, t.name)
                 if user is not None:
-                    add_event_dependency(comm_op, user, f"pipesplit_{t.name}_{job_type}")
+                    add_event_dependency(comm_op, user, f"{t.name}_{job_type}")
 
 
 def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -> PipelinePlan:

@@ -167,6 +167,40 @@ def _complete_chunk_id(original):
     return complete_chunk_id
 
 
+def _replicated(dist_attr) -> bool:
+    return dist_attr is not None and all(d == -1 for d in dist_attr.dims_mapping) \
+        and not dist_attr.partial_dims
+
+
+def _drop_stage_reshards(dist_program) -> None:
+    """Bypass (in place) every ``dist_op.reshard`` that only moves a replicated value to
+    another mesh: the user's ``dist.reshard`` between pipeline stages in model order."""
+    for op in list(dist_program.global_block().ops):
+        if op.name() != "dist_op.reshard":
+            continue
+        src = op.operand_source(0)
+        if _replicated(src.dist_attr()) and _replicated(op.result(0).dist_attr()):
+            op.result(0).replace_all_uses_with(src)
+            op.erase()
+
+
+def _describe_stage_reshard(out, src, dst, chunk: int) -> None:
+    """Give a stage-boundary reshard the dist attributes the engine's own ``dist.reshard``
+    between two meshes has (mesh = both meshes' processes; setting its consumer's mesh
+    rewrote them): replicated on ``src`` in, on ``dst`` out, in the consumer's chunk (on the
+    V placement both sides of a boundary between ranks have the same chunk)."""
+    import paddle
+    from paddle.base.libpaddle.pir import create_op_dist_attribute, create_tensor_dist_attribute
+
+    op = out.get_defining_op()
+    dims = [-1] * len(out.shape)
+    both = paddle.distributed.ProcessMesh(list(src.process_ids) + list(dst.process_ids),
+                                          dim_names=list(src.dim_names))
+    op.dist_attr = create_op_dist_attribute(
+        both, [create_tensor_dist_attribute(src, dims, {})],
+        [create_tensor_dist_attribute(dst, dims, {})], chunk)
+
+
 def assign_v_placement(dist_program, pipeline_strategy) -> bool:
     """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
     (non-decreasing) the meshes of the V placement, in place: block i of L goes to virtual
@@ -198,6 +232,8 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
     meshes = get_sub_process_mesh_by_program(dist_program)
     placement = Placement(V_SHAPE, pp, vpp)
     index = {name: i for i, name in enumerate(segments)}
+    _drop_stage_reshards(dist_program)  # the model-order boundaries; new ones follow
+    ops = dist_program.global_block().ops
     target = {}
     seg = 0
     for op in ops:
@@ -223,14 +259,17 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
             key = (value.id, mesh.process_ids[0])
             if key not in moved:  # right after the producer: between the two blocks
                 paddle.pir.set_insertion_point_after(producer)
-                moved[key] = paddle.distributed.reshard(
+                out = paddle.distributed.reshard(
                     value, mesh, [paddle.distributed.Replicate()] * mesh.ndim)
-            op.operand(i).set_source(moved[key])
+                moved[key] = (out, target[producer.id()][0], mesh, chunk)
+            op.operand(i).set_source(moved[key][0])
     for op in dist_program.global_block().ops:
         if op.id() in target:
             mesh, chunk = target[op.id()]
             _set_process_mesh_and_chunk_id(op, mesh, chunk, set_input_mesh=True,
                                            set_output_mesh=True)
+    for out, src, dst, chunk in moved.values():
+        _describe_stage_reshard(out, src, dst, chunk)
     paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
     return True
 

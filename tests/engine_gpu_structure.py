@@ -39,6 +39,9 @@ def describe(program):
 
 def main() -> int:
     out_dir = Path(sys.argv[1])
+    # DistModel calls fleet.init (a dozen more gloo groups, slow and fragile with four CPU
+    # processes) when it sees the launcher's POD_NAME; the engine does not need it
+    os.environ.pop("POD_NAME", None)
 
     def nccl_pass(mains, starts, pipeline_strategy):
         config = pipesplit_strategy.config_from_strategy(pipeline_strategy)

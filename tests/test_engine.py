@@ -192,3 +192,51 @@ def test_block_meshes_follow_the_placement():
 
 def test_whole_model_programs_are_not_engine_programs():
     assert not is_engine_program(build_gpt(num_stages=2, hidden=16, batch_size=4).main)
+
+
+STRUCTURE = ROOT / "tests" / "engine_gpu_structure.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["VPP", "ZBV"])
+def test_cuda_plans_of_four_ranks_have_the_right_rings_peers_and_events(tmp_path, schedule):
+    """The NCCL variant, built on a CPU build from the engine's programs of 4 processes
+    (pp=4, vpp=2, 8 blocks): each p2p op talks to the rank the placement gives, on a ring of
+    Paddle's reshard, on its own stream, with an event edge to the producer / consumers."""
+    from pipesplit.job_list.placement import Placement
+    from pipesplit.job_list.registry import get_spec
+
+    logs = tmp_path / "log"
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "4",
+           "--log_dir", str(logs), str(STRUCTURE), str(tmp_path), "--schedule", schedule,
+           "--vpp", "2", "--layers", "8", "-m", "4"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    worker_logs = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("workerlog.*")))
+    assert proc.returncode == 0, worker_logs[-3000:]
+    placement = Placement(get_spec(schedule).placement, 4, 2)
+    rings = {}
+    for rank in range(4):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        programs = record["programs"]
+        recorded = {op["event_to_record"] for ops in programs.values() for op in ops
+                    if "event_to_record" in op}
+        waited = {e for ops in programs.values() for op in ops for e in op.get("events_to_wait", [])}
+        comm_jobs = {t for t, _ in record["job_order"] if t.startswith(("send", "recv"))}
+        assert comm_jobs, f"rank {rank} has no comm jobs"
+        for job_type in comm_jobs:
+            ops = [op for op in programs[job_type] if op["op"] in ("pd_op.send_v2", "pd_op.recv_v2")]
+            assert ops, f"rank {rank}: {job_type} carries no p2p op"
+            kind, chunk = job_type.rstrip("0123456789"), int(job_type[len(job_type.rstrip("0123456789")):])
+            stage = placement.stage(rank, chunk)
+            neighbour = stage + 1 if kind in ("send_forward", "recv_backward") else stage - 1
+            for op in ops:
+                assert op["pipesplit_peer"] == placement.rank_of(neighbour), (rank, job_type, op)
+                sending = op["op"] == "pd_op.send_v2"
+                assert op["stream"] == (f"send_stream_{op['ring_id']}" if sending else "recv_stream")
+                pair = tuple(sorted((rank, op["pipesplit_peer"])))
+                rings.setdefault(op["ring_id"], set()).add(pair)
+                if sending:  # waits for the compute op that produced the value
+                    assert set(op["events_to_wait"]) <= recorded
+                else:  # a compute op waits for what it received
+                    assert op["event_to_record"] in waited
+    assert all(len(pairs) == 1 for pairs in rings.values()), rings  # a ring joins one pair
