@@ -78,3 +78,14 @@ def test_bad_strategy_values_are_named(enabled):
         pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("NoSuchSchedule"))
     with pytest.raises(ValueError, match="num_micro_batches"):
         pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV", m=0))
+
+
+def test_engine_strategy_errors_name_the_field():
+    # what the engine hook raises when the engine is built (Engine.__init__)
+    with pytest.raises(ValueError) as e:
+        ps_strategy.check_strategy(_pipeline_strategy("ZBV", vpp=1))
+    assert str(e.value) == ("strategy.pipeline.schedule_mode='ZBV' cannot serve this strategy: "
+                            "strategy.pipeline.vpp_degree must be 2 for ZBV, got 1")
+    with pytest.raises(ValueError, match=r"^strategy.pipeline: unknown schedule 'NoSuch'"):
+        ps_strategy.check_strategy(_pipeline_strategy("NoSuch"))
+    assert ps_strategy.check_strategy(_pipeline_strategy("zb-v", vpp=2)).schedule == "ZBV"
