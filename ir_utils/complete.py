@@ -18,6 +18,8 @@ GRAD_OP_RE = re.compile(r"^pd_op\.(\w+?)_grad_?$")
 SOURCE_OPS = frozenset({"builtin.parameter", "pd_op.data", "pd_op.full", "pd_op.full_int_array",
                         "builtin.constant", "pd_op.assign_value", "pd_op.assign_value_"})
 SINK_OPS = frozenset({"builtin.shadow_output", "pd_op.fetch"})
+# ops that only unpack a multi-output grad op's result: they stay with their producer
+UNPACK_OPS = frozenset({"builtin.split", "builtin.slice"})
 
 
 def is_source_op(op) -> bool:
@@ -40,6 +42,16 @@ def _producers(op):
     return out
 
 
+def _feeds_grad_op(ops, idx) -> List[bool]:
+    """Per op: does some grad op (transitively) read what it produces?"""
+    feeds = [False] * len(ops)
+    for op in reversed(ops):
+        i = idx[op]
+        feeds[i] = any(GRAD_OP_RE.match(u.name()) or feeds[idx[u]]
+                       for u in _users(op) if u in idx)
+    return feeds
+
+
 def _describe(op) -> str:
     return f"{op.name()}(id={op.id()})"
 
@@ -60,16 +72,24 @@ def _complete_roles(ops, idx) -> None:
             role[i] = OPTIMIZE
         elif GRAD_OP_RE.match(op.name()):
             role[i] = BACKWARD
-    # 2. descendants of backward ops are backward (unless optimizer), of optimizer ops optimizer
+    # 2. descendants of optimizer ops are optimizer.  A descendant of backward ops is backward
+    # only while a grad op still depends on it; past the last grad op the values are the
+    # parameter gradients, and what reads them (gradient clipping, regularization, the sum of
+    # a shared weight's gradient contributions) is the optimizer's: it must run once, on the
+    # gradients accumulated over all micro-batches, not inside every micro-batch's backward.
+    feeds_grad = _feeds_grad_op(ops, idx)
     for op in ops:
         i = idx[op]
         if i in role or op.name() in SINK_OPS:
             continue
-        rs = {role.get(idx[p]) for p in _producers(op)}
+        prods = _producers(op)
+        rs = {role.get(idx[p]) for p in prods}
         if OPTIMIZE in rs:
             role[i] = OPTIMIZE
         elif BACKWARD in rs:
-            role[i] = BACKWARD
+            unpacks_backward = op.name() in UNPACK_OPS and all(
+                role.get(idx[p]) == BACKWARD for p in prods)
+            role[i] = BACKWARD if feeds_grad[i] or unpacks_backward else OPTIMIZE
     # 3. ops feeding only later roles take the earliest role of their users (reverse order)
     for op in reversed(ops):
         i = idx[op]
