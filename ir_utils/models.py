@@ -143,7 +143,9 @@ def _build(body, feed_specs, make_batch, num_stages, batch_size, optimizer, lr, 
             paddle._C_ops.set_persistable_value(loss, LOSS_NAME)
         out[kind] = (main, startup, loss)
     main, startup, loss = out["train"]
-    params = sorted((p.name for p in main.global_block().all_parameters()),
+    # an LR scheduler's learning rate is a parameter of the program too: not a model weight
+    lr_name = getattr(main, "lr_name", None)
+    params = sorted((p.name for p in main.global_block().all_parameters() if p.name != lr_name),
                     key=lambda n: int(n.rsplit("_", 1)[1]))
     return BuiltModel(main=main, startup=startup, feed_names=[f[0] for f in feed_specs],
                       loss_name=LOSS_NAME, param_names=params, make_batch=make_batch,

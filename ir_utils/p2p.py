@@ -210,3 +210,14 @@ def comm_peers(program) -> List[Tuple[str, int, Optional[int]]]:
             attrs = op.attrs()
             out.append((name, int(attrs["ring_id"]), int(attrs["root"])))
     return out
+
+
+def all_reduce_sum(x, backend: str, ring_id: Optional[int] = None):
+    """``pd_op.all_reduce`` (sum) of the PIR value ``x`` over a ring: ring 0 on CPU (gloo: the
+    one usable communicator per process), ``ring_id`` (a ring of every pipeline rank) on GPU."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl" and ring_id is None:
+        raise ValueError("ring_id is needed for an NCCL all-reduce")
+    ring = CPU_RING_ID if backend == "gloo" else ring_id
+    return paddle._C_ops.all_reduce(x, ring, paddle.distributed.ReduceOp.SUM)

@@ -33,9 +33,18 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
                     if v.persistable:
                         pers.add(v.name)
         if t in no_need:
-            req -= set(no_need[t])
+            req -= set(no_need[t]) - written_names(prog)
         out[t] = req - pers
     return out
+
+
+def written_names(program) -> set:
+    """Names a program hands over (``builtin.shadow_output``).  Paddle counts a value whose
+    buffer the program itself never reads (say only its shape) as "no need buffer" even when
+    the program writes it for a later job; such a value must still be kept from garbage
+    collection after its producer, or the job reading it later finds no memory."""
+    return {op.attrs()["output_name"] for op in program.global_block().ops
+            if op.name() == "builtin.shadow_output"}
 
 
 def _check_m(num_micro_batches):
@@ -65,7 +74,8 @@ def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.
         required = required_vars_of(used)
     else:  # the split already knows each program's names: only drop the never-read buffers
         no_need = core.get_no_need_buffer_values(used)
-        required = {t: set(required_vars[t]) - set(no_need.get(t, ())) for t in used}
+        required = {t: set(required_vars[t]) - (set(no_need.get(t, ())) - written_names(used[t]))
+                    for t in used}
     jobs = []
     for t, mb in job_order:
         job = core.Job(t)
