@@ -2,7 +2,7 @@
 sub-program extraction and a single-process plan runner."""
 from ._callstack import without_op_callstacks
 from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
-from .complete import check_program, complete_program
+from .complete import check_program, complete_program, has_backward
 from .extract import Handoff, SplitProgram, job_types_for, split_program
 from .models import BuiltModel, build_gpt, build_mlp
 from .runner import (PlanRunner, apply_lr_scheduler, fthenb_order, init_scope, make_plan, read_params, required_vars_of,
@@ -10,7 +10,7 @@ from .runner import (PlanRunner, apply_lr_scheduler, fthenb_order, init_scope, m
 
 __all__ = [
     "BACKWARD_W_ATTR", "AccumulationInfo", "add_gradient_accumulation",
-    "check_program", "complete_program",
+    "check_program", "complete_program", "has_backward",
     "Handoff", "SplitProgram", "job_types_for", "split_program",
     "BuiltModel", "build_gpt", "build_mlp",
     "PlanRunner", "apply_lr_scheduler", "fthenb_order", "init_scope", "make_plan", "read_params", "required_vars_of", "run_plan",

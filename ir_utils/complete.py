@@ -239,6 +239,12 @@ def _infer_chunk(op, chunk, idx):
     return None
 
 
+def has_backward(program) -> bool:
+    """Does ``program`` train (grad ops or backward-role ops), or only evaluate?"""
+    return any(GRAD_OP_RE.match(op.name()) or op.op_role == BACKWARD
+               for op in program.global_block().ops)
+
+
 def complete_program(program):
     """Give every op of ``program`` (modified in place: pass a clone) an op_role and, for
     forward / backward ops, a chunk id.  Raises ``ValueError`` for ops it cannot place."""

@@ -33,7 +33,7 @@ from .config import PipelineConfig
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import make_plan  # noqa: E402
+from pipesplit.ir_utils import has_backward, make_plan  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
                                     all_reduce_sum, build_comm_program, ring_pair)
@@ -349,6 +349,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     if backend == "gloo":
         _check_cpu_pp(config.pp_degree)
     schedule = make_schedule(config)
+    if not has_backward(main_program):  # evaluation / inference: the schedule's forward order
+        schedule = schedule.forward_only()
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)  # a bad order is rejected before anything starts
     placement = schedule.placement
@@ -357,7 +359,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
 
     stages = {c: placement.stage(rank, c) for c in range(config.vpp_degree)}
     stage_to_chunk = {s: c for c, s in stages.items()}
-    compute_kinds = (["forward", "backward_b", "backward_w"] if config.splits_backward
+    compute_kinds = (["forward"] if schedule.is_forward_only
+                     else ["forward", "backward_b", "backward_w"] if config.splits_backward
                      else ["forward", "backward"])
 
     # ownership of persistable names by rank (from the compute programs that use them)
@@ -425,7 +428,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
             if info.transfers and info.peer != comm_sequence[-1][2]:
                 raise AssertionError(f"{job.type}: lowering peer {comm_sequence[-1][2]} != "
                                      f"program peer {info.peer}")
-    job_order.append((OPTIMIZER, 0))
+    if not schedule.is_forward_only:
+        job_order.append((OPTIMIZER, 0))
 
     fetches = [(f"{parse_job_type(t)[0]}{stage_to_chunk[parse_job_type(t)[1]]}", n)
                for t, n in split.fetches

@@ -21,8 +21,8 @@ from .config import PipelineConfig
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import (complete_program, make_plan, split_program,  # noqa: E402
-                                without_op_callstacks)
+from pipesplit.ir_utils import (complete_program, has_backward, make_plan,  # noqa: E402
+                                split_program, without_op_callstacks)
 from pipesplit.ir_utils.split_backward import SplitReport, split_backward  # noqa: E402
 
 
@@ -70,7 +70,8 @@ def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
             continue
         stage = schedule.placement.stage(rank, job.chunk)
         order.append((Job(job.kind, stage, job.micro_batch).type, job.micro_batch))
-    order.append((OPTIMIZER, 0))
+    if not schedule.is_forward_only:
+        order.append((OPTIMIZER, 0))
     return order
 
 
@@ -81,8 +82,9 @@ def split_sub_programs(main_program, config: PipelineConfig):
     with without_op_callstacks():
         work = main_program.clone()
         complete_program(work)
-        report = split_backward(work) if config.splits_backward else None
-        split = split_program(work, config.num_stages, split_backward=config.splits_backward,
+        splits = config.splits_backward and has_backward(work)  # evaluation: nothing to split
+        report = split_backward(work) if splits else None
+        split = split_program(work, config.num_stages, split_backward=splits,
                               accumulate=config.grad_accumulation, completed=True)
     return split, report
 
@@ -95,6 +97,8 @@ def split_and_schedule(main_program, startup_program, config: PipelineConfig) ->
 
         return build_rank_plan(main_program, startup_program, config)
     schedule = make_schedule(config)
+    if not has_backward(main_program):  # evaluation / inference: the schedule's forward order
+        schedule = schedule.forward_only()
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)
     split, report = split_sub_programs(main_program, config)

@@ -195,8 +195,9 @@ def train_unsplit(case: Case, num_stages: int, m: int, steps: int = STEPS):
 
 
 def train_split(case: Case, schedule: str, pp: int, vpp: int, m: int, split_backward=False,
-                steps: int = STEPS):
-    """The same training through a one-process pipesplit plan: (losses, params, pipeline)."""
+                steps: int = STEPS, fixed_batch: bool = False):
+    """The same training through a one-process pipesplit plan: (losses, params, pipeline).
+    ``fixed_batch``: every step on the first batch (to see the loss go down)."""
     from pipesplit.ir_utils import PlanRunner
     from pipesplit.passes import apply_pipeline
 
@@ -209,7 +210,8 @@ def train_split(case: Case, schedule: str, pp: int, vpp: int, m: int, split_back
     runner = PlanRunner(pipeline.plan, scope, program=prog.main)
     losses = []
     for step in range(steps):
-        losses.append([float(x) for x in runner.step(batch(case, step, m * MICRO_BATCH_SIZE))])
+        data = batch(case, 0 if fixed_batch else step, m * MICRO_BATCH_SIZE)
+        losses.append([float(x) for x in runner.step(data)])
         if prog.scheduler is not None:
             prog.scheduler.step()
     return np.array(losses), read(scope, prog.param_names), pipeline

@@ -140,6 +140,12 @@ def test_two_ranks_match_unsplit_grid(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + logs[0][-3000:] + logs[1][-3000:]
     results = json.loads(out.read_text())
     assert len(results) == len(GRID)
+    evaluations = [e for r in (0, 1) for e in json.loads(open(f"{out}.eval{r}").read())]
+    assert sorted(e["schedule"] for e in evaluations) == sorted(LAYOUTS)
+    for e in evaluations:  # evaluation programs: forward-only plans, unsplit outputs
+        assert all(t.rstrip("0123456789") in ("forward", "send_forward", "recv_forward")
+                   for t in e["job_types"]), e
+        assert e["diff"] <= TOL, e
     for res in results:
         where = " ".join(f"{k}={v}" for k, v in res["row"].items())
         assert res["loss_diff"] <= TOL, f"{where}: losses differ by {res['loss_diff']:.3g}"
@@ -220,6 +226,26 @@ def _worker(out_path):
                             "shared_equal": all(np.array_equal(by_rank[0][n], by_rank[1][n])
                                                 for n in shared)})
         _exchange(rank, world, f"semantics{i}/done", {}, gather_to=0)
+    evaluations = []
+    for name, vpp in LAYOUTS.items():  # evaluation programs: forward-only per-rank plans
+        case = U.Case(tied=True)
+        prog = U.build(case, world * vpp, train=False)
+        pipeline = apply_pipeline(prog.main, prog.startup, name, dict(
+            num_micro_batches=M, pp_degree=world, vpp_degree=vpp, pp_stage=rank))
+        info = pipeline.rank_info
+        scope = U.new_scope(prog)
+        scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), paddle.CPUPlace())
+        full = U.batch(case, 0, M * U.MICRO_BATCH_SIZE)
+        out = PlanRunner(pipeline.plan, scope).step(
+            {k: v for k, v in full.items() if k in info.feed_names})
+        if info.fetch_names:
+            from test_eval_dropout import unsplit_forward
+
+            ref = unsplit_forward(case, prog, U.new_scope(prog), full)
+            evaluations.append({"schedule": name, "job_types": sorted(pipeline.plan.job_types()),
+                                "diff": float(np.max(np.abs(np.array(out) - ref)))})
+    with open(f"{out_path}.eval{rank}", "w") as f:  # from the rank holding the last stage
+        json.dump(evaluations, f)
     if rank == world - 1:
         with open(out_path, "w") as f:
             json.dump(results, f)
