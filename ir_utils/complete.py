@@ -18,6 +18,8 @@ GRAD_OP_RE = re.compile(r"^pd_op\.(\w+?)_grad_?$")
 SOURCE_OPS = frozenset({"builtin.parameter", "pd_op.data", "pd_op.full", "pd_op.full_int_array",
                         "builtin.constant", "pd_op.assign_value", "pd_op.assign_value_"})
 SINK_OPS = frozenset({"builtin.shadow_output", "pd_op.fetch"})
+# ops reading only the shape / dtype of their input (the backward's seed ``full_like(loss)``)
+SHAPE_ONLY_USERS = frozenset({"pd_op.full_like"})
 # ops that only unpack a multi-output grad op's result: they stay with their producer
 UNPACK_OPS = frozenset({"builtin.split", "builtin.slice"})
 
@@ -97,6 +99,11 @@ def _complete_roles(ops, idx) -> None:
             continue
         users = _users(op)
         if not users:
+            continue
+        if not is_source_op(op) and all(u.name() in SHAPE_ONLY_USERS for u in users):
+            # e.g. the loss when nothing fetches it in the program: the grad seed
+            # (full_like) reads its shape only, which does not make it backward work
+            role[i] = FORWARD
             continue
         urs = [role.get(idx[u]) for u in users]
         if any(r is None for r in urs):

@@ -131,8 +131,11 @@ def feed_specs(case: Case):
     return [("x", [-1, HIDDEN], "float32"), ("y", [-1, HIDDEN], "float32")]
 
 
-def build(case: Case, num_stages: int, train: bool = True) -> UserProgram:
-    """The user's program; ``train=False``: the same model without backward (evaluation)."""
+def build(case: Case, num_stages: int, train: bool = True, name_loss: bool = True
+          ) -> UserProgram:
+    """The user's program; ``train=False``: the same model without backward (evaluation).
+    ``name_loss``: give the loss a persistable name (``set_persistable_value``) so plans can
+    fetch it; without, the program is exactly what ``minimize`` leaves."""
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
@@ -141,7 +144,8 @@ def build(case: Case, num_stages: int, train: bool = True) -> UserProgram:
         loss = body(case, num_stages, *feeds)
         if train:
             _minimize(case, loss)
-        paddle._C_ops.set_persistable_value(loss, "loss")
+        if name_loss:
+            paddle._C_ops.set_persistable_value(loss, "loss")
     lr_name = getattr(main, "lr_name", None)  # an LR scheduler's rate is a parameter too
     names = sorted(p.name for p in main.global_block().all_parameters() if p.name != lr_name)
     return UserProgram(main, startup, loss, names, getattr(main, "lr_scheduler", None))

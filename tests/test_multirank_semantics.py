@@ -4,7 +4,7 @@ ranks in the optimizer programs (``passes.per_rank.filter_optimizer``).
 
 Fast tests check the per-rank programs in one process (gloo and the NCCL variant, built on
 CPU).  The ``slow`` ones run two gloo processes: one launch trains a covering design of
-1F1B / ZBH1 / ZBV / VPP x optimizer x clipping x LR schedule x tied embeddings on programs
+1F1B / ZBH1 / ZBV / VPP x optimizer x clipping x LR schedule x tied embeddings x B / W split on programs
 written with ``paddle.nn`` layers (this file is the worker: ``--worker``) and compares each with
 the unsplit full-batch run; another runs ``tools/train.py`` with the issue's flags.
 """
@@ -25,7 +25,8 @@ TOL = 1e-6
 M = 4
 LAYOUTS = {"1F1B": 1, "ZBH1": 1, "ZBV": 2, "VPP": 2}  # schedule -> vpp, pp = 2
 GRID = U.pairwise_rows(dict(schedule=list(LAYOUTS), optimizer=U.OPTIMIZERS, clip=U.CLIPS,
-                            lr_schedule=U.LR_SCHEDULES, tied=(False, True)))
+                            lr_schedule=U.LR_SCHEDULES, tied=(False, True),
+                            split_backward=(False, True)))
 
 
 def _case(row) -> U.Case:
@@ -195,7 +196,8 @@ def _worker(out_path):
         case, vpp = _case(row), LAYOUTS[row["schedule"]]
         prog = U.build(case, world * vpp)
         pipeline = apply_pipeline(prog.main, prog.startup, row["schedule"], dict(
-            num_micro_batches=M, pp_degree=world, vpp_degree=vpp, pp_stage=rank))
+            num_micro_batches=M, pp_degree=world, vpp_degree=vpp, pp_stage=rank,
+            split_backward=row["split_backward"]))
         info = pipeline.rank_info
         scope = U.new_scope(prog)
         pipeline.init_scope(scope)

@@ -145,7 +145,10 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
     if info.backend == "nccl":  # NCCL comm contexts of the p2p rings, same order on every rank
         from paddle.distributed.auto_parallel.static.process_group import get_process_group
 
-        for ring_id in sorted(info.ring_ids.values()):
+        rings = set(info.ring_ids.values())
+        if info.reduce_ring_id is not None:  # clipping / tied-weight all-reduces
+            rings.add(info.reduce_ring_id)
+        for ring_id in sorted(rings):
             get_process_group(ring_id).instantiate()
     scope = init_scope(model, pipeline.split, place)
     scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
