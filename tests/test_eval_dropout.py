@@ -9,7 +9,7 @@ import paddle
 
 import _user_programs as U
 from pipesplit.job_list import FORWARD, build_schedule
-from pipesplit.job_list.registry import get_spec, schedule_names
+from pipesplit.job_list.registry import schedule_names
 from pipesplit.job_list.validate import ScheduleError, validate
 
 M = 4
@@ -36,7 +36,6 @@ def test_eval_program_gives_forward_only_plan(name):
     from pipesplit.ir_utils import PlanRunner
     from pipesplit.passes import apply_pipeline
 
-    get_spec(name)
     case, vpp = U.Case(tied=True), _vpp(name)
     prog = U.build(case, 2 * vpp, train=False)
     pipeline = apply_pipeline(prog.main, prog.startup, name,
