@@ -20,7 +20,7 @@ import numpy as np
 
 import paddle
 
-from .complete import BACKWARD, OPTIMIZE
+from .complete import BACKWARD, OPTIMIZE, OPTIMIZER_OP_RE
 
 BACKWARD_W_ATTR = "pipesplit_backward_w"
 ACC_SUFFIX = "@PS_ACC"
@@ -99,14 +99,10 @@ def add_gradient_accumulation(program, mode: str = "avg") -> AccumulationInfo:
     acc_values = []
     used_names = set()
     for k, (g, producer, first_opt) in enumerate(grads):
-        param_name = None
-        if first_opt.num_operands() and first_opt.operand_source(0).get_defining_op() is not None:
-            p = first_opt.operand_source(0)
-            if p.get_defining_op().name() == "builtin.parameter" and p.has_name:
-                param_name = p.name
+        param_name = _updated_param_name(g)
         name = f"{param_name}{ACC_SUFFIX}" if param_name else f"pipesplit_grad_{k}{ACC_SUFFIX}"
-        if name in used_names:
-            name = f"pipesplit_grad_{k}{ACC_SUFFIX}"
+        if name in used_names:  # a shared weight: one accumulator per gradient contribution
+            name = f"{name}_{k}"
         used_names.add(name)
         chunk = producer.chunk_id if producer.has_attr("chunk_id") else -1
         is_w = _is_w(producer)
@@ -161,6 +157,30 @@ def add_gradient_accumulation(program, mode: str = "avg") -> AccumulationInfo:
         z = paddle._C_ops.full_(cnt, [1], 0.0, cnt.dtype, _place())
         _tag(z, OPTIMIZE, None)
     return info
+
+
+def _updated_param_name(grad):
+    """Name of the parameter whose update ``grad`` feeds most directly: breadth-first over the
+    optimizer-role ops reading it (clipping, regularization, a shared weight's sum) to the first
+    parameter update op.  None when there is none."""
+    frontier, seen = [grad], {grad.id}
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for op in v.all_used_ops():
+                if op.op_role != OPTIMIZE:
+                    continue
+                if OPTIMIZER_OP_RE.match(op.name()) and op.num_operands():
+                    p = op.operand_source(0)
+                    d = p.get_defining_op()
+                    if d is not None and d.name() == "builtin.parameter" and p.has_name:
+                        return p.name
+                for r in op.results():
+                    if r.id not in seen:
+                        seen.add(r.id)
+                        nxt.append(r)
+        frontier = nxt
+    return None
 
 
 def _scalar_type(g):

@@ -18,6 +18,10 @@ GRAD_OP_RE = re.compile(r"^pd_op\.(\w+?)_grad_?$")
 SOURCE_OPS = frozenset({"builtin.parameter", "pd_op.data", "pd_op.full", "pd_op.full_int_array",
                         "builtin.constant", "pd_op.assign_value", "pd_op.assign_value_"})
 SINK_OPS = frozenset({"builtin.shadow_output", "pd_op.fetch"})
+# ops reading only the shape / dtype of their input (the backward's seed ``full_like(loss)``)
+SHAPE_ONLY_USERS = frozenset({"pd_op.full_like"})
+# ops that only unpack a multi-output grad op's result: they stay with their producer
+UNPACK_OPS = frozenset({"builtin.split", "builtin.slice"})
 
 
 def is_source_op(op) -> bool:
@@ -40,6 +44,16 @@ def _producers(op):
     return out
 
 
+def _feeds_grad_op(ops, idx) -> List[bool]:
+    """Per op: does some grad op (transitively) read what it produces?"""
+    feeds = [False] * len(ops)
+    for op in reversed(ops):
+        i = idx[op]
+        feeds[i] = any(GRAD_OP_RE.match(u.name()) or feeds[idx[u]]
+                       for u in _users(op) if u in idx)
+    return feeds
+
+
 def _describe(op) -> str:
     return f"{op.name()}(id={op.id()})"
 
@@ -60,16 +74,24 @@ def _complete_roles(ops, idx) -> None:
             role[i] = OPTIMIZE
         elif GRAD_OP_RE.match(op.name()):
             role[i] = BACKWARD
-    # 2. descendants of backward ops are backward (unless optimizer), of optimizer ops optimizer
+    # 2. descendants of optimizer ops are optimizer.  A descendant of backward ops is backward
+    # only while a grad op still depends on it; past the last grad op the values are the
+    # parameter gradients, and what reads them (gradient clipping, regularization, the sum of
+    # a shared weight's gradient contributions) is the optimizer's: it must run once, on the
+    # gradients accumulated over all micro-batches, not inside every micro-batch's backward.
+    feeds_grad = _feeds_grad_op(ops, idx)
     for op in ops:
         i = idx[op]
         if i in role or op.name() in SINK_OPS:
             continue
-        rs = {role.get(idx[p]) for p in _producers(op)}
+        prods = _producers(op)
+        rs = {role.get(idx[p]) for p in prods}
         if OPTIMIZE in rs:
             role[i] = OPTIMIZE
         elif BACKWARD in rs:
-            role[i] = BACKWARD
+            unpacks_backward = op.name() in UNPACK_OPS and all(
+                role.get(idx[p]) == BACKWARD for p in prods)
+            role[i] = BACKWARD if feeds_grad[i] or unpacks_backward else OPTIMIZE
     # 3. ops feeding only later roles take the earliest role of their users (reverse order)
     for op in reversed(ops):
         i = idx[op]
@@ -77,6 +99,11 @@ def _complete_roles(ops, idx) -> None:
             continue
         users = _users(op)
         if not users:
+            continue
+        if not is_source_op(op) and all(u.name() in SHAPE_ONLY_USERS for u in users):
+            # e.g. the loss when nothing fetches it in the program: the grad seed
+            # (full_like) reads its shape only, which does not make it backward work
+            role[i] = FORWARD
             continue
         urs = [role.get(idx[u]) for u in users]
         if any(r is None for r in urs):
@@ -230,6 +257,12 @@ def _infer_chunk(op, chunk, idx):
                 return chunk[idx[d]]
         return None
     return None
+
+
+def has_backward(program) -> bool:
+    """Does ``program`` train (grad ops or backward-role ops), or only evaluate?"""
+    return any(GRAD_OP_RE.match(op.name()) or op.op_role == BACKWARD
+               for op in program.global_block().ops)
 
 
 def complete_program(program):

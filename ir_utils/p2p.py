@@ -279,3 +279,14 @@ def p2p_to_gloo_broadcasts(program, rank: int, ring_ranks) -> int:
         count += 1
     paddle.pir.set_insertion_point_to_block_end(block)
     return count
+
+
+def all_reduce_sum(x, backend: str, ring_id: Optional[int] = None):
+    """``pd_op.all_reduce`` (sum) of the PIR value ``x`` over a ring: ring 0 on CPU (gloo: the
+    one usable communicator per process), ``ring_id`` (a ring of every pipeline rank) on GPU."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl" and ring_id is None:
+        raise ValueError("ring_id is needed for an NCCL all-reduce")
+    ring = CPU_RING_ID if backend == "gloo" else ring_id
+    return paddle._C_ops.all_reduce(x, ring, paddle.distributed.ReduceOp.SUM)

@@ -33,9 +33,18 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
                     if v.persistable:
                         pers.add(v.name)
         if t in no_need:
-            req -= set(no_need[t])
+            req -= set(no_need[t]) - written_names(prog)
         out[t] = req - pers
     return out
+
+
+def written_names(program) -> set:
+    """Names a program hands over (``builtin.shadow_output``).  Paddle counts a value whose
+    buffer the program itself never reads (say only its shape) as "no need buffer" even when
+    the program writes it for a later job; such a value must still be kept from garbage
+    collection after its producer, or the job reading it later finds no memory."""
+    return {op.attrs()["output_name"] for op in program.global_block().ops
+            if op.name() == "builtin.shadow_output"}
 
 
 def _check_m(num_micro_batches):
@@ -65,7 +74,8 @@ def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.
         required = required_vars_of(used)
     else:  # the split already knows each program's names: only drop the never-read buffers
         no_need = core.get_no_need_buffer_values(used)
-        required = {t: set(required_vars[t]) - set(no_need.get(t, ())) for t in used}
+        required = {t: set(required_vars[t]) - (set(no_need.get(t, ())) - written_names(used[t]))
+                    for t in used}
     jobs = []
     for t, mb in job_order:
         job = core.Job(t)
@@ -111,12 +121,17 @@ class PlanRunner:
     """Runs one ``core.Plan`` step after step in one scope, keeping Paddle's executor (building
     it costs about as much as a small step)."""
 
-    def __init__(self, plan, scope, place=None):
+    def __init__(self, plan, scope, place=None, program=None):
+        """``program``: the training program the plan was split from.  When its optimizer has
+        an LR scheduler (``program.lr_scheduler``), every step first writes the scheduler's
+        current value into the learning-rate variable, as ``paddle.static.Executor.run`` does,
+        so ``scheduler.step()`` between steps works unchanged."""
         self.plan = plan
         self.scope = scope
         self.place = place if place is not None else paddle.CPUPlace()
         self.num_micro_batches = plan.micro_batch_num()
         _check_m(self.num_micro_batches)
+        self.program = program
         self._executor = None
 
     def step(self, feed: Dict[str, np.ndarray]) -> List[np.float32]:
@@ -131,6 +146,7 @@ class PlanRunner:
                                  f"divisible by num_micro_batches={m}")
         for name, arr in feed.items():
             core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
+        apply_lr_scheduler(self.program, self.scope, self.place)
         if self._executor is None:
             self._executor = paddle.base.executor._StandaloneExecutor(self.place, self.plan,
                                                                        self.scope)
@@ -143,6 +159,26 @@ class PlanRunner:
         if len(per_fetch) == 1:
             return per_fetch[0]
         return per_fetch
+
+
+def apply_lr_scheduler(program, scope, place=None) -> Optional[float]:
+    """Write ``program.lr_scheduler()`` (the optimizer's LR scheduler, if it has one) into the
+    learning-rate variable ``program.lr_name`` of ``scope``, as ``Executor.run`` does before each
+    run in PIR mode.  Returns the value written, or None when there is no scheduler."""
+    scheduler = getattr(program, "lr_scheduler", None) if program is not None else None
+    if scheduler is None:
+        return None
+    name = program.lr_name
+    var = scope.find_var(name)
+    if var is None:
+        raise ValueError(f"learning-rate variable {name!r} of the program's LR scheduler is not "
+                         "in the scope: run the startup program in it first")
+    tensor = var.get_tensor()
+    current = np.array(tensor)
+    value = float(scheduler())
+    tensor.set(np.full(current.shape, value, dtype=current.dtype),
+               place if place is not None else paddle.CPUPlace())
+    return value
 
 
 def run_plan(plan, scope, feed: Dict[str, np.ndarray], place=None) -> List[np.float32]:
@@ -166,6 +202,10 @@ def run_unsplit_baseline(model, steps: int, num_micro_batches: int, place=None):
     exe = paddle.static.Executor(place)
     scope = paddle.static.Scope()
     losses = []
+    # Executor.run applies the program's LR scheduler; step it as a training loop does and
+    # leave it as it was found, so the pipeline run after this one starts from the same LR
+    scheduler = getattr(model.main, "lr_scheduler", None)
+    scheduler_state = scheduler.state_dict() if scheduler is not None else None
     with paddle.static.scope_guard(scope):
         exe.run(model.startup)
         for step in range(steps):
@@ -178,7 +218,11 @@ def run_unsplit_baseline(model, steps: int, num_micro_batches: int, place=None):
                 row.append(np.float32(l))
             losses.append(row)
             exe.run(model.main, feed=batch, fetch_list=[model.main_loss])
+            if scheduler is not None:
+                scheduler.step()
         params = read_params(scope, model.param_names)
+    if scheduler is not None:
+        scheduler.set_state_dict(scheduler_state)
     return losses, params
 
 

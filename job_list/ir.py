@@ -21,6 +21,8 @@ RECV_FORWARD = "recv_forward"
 SEND_BACKWARD = "send_backward"
 RECV_BACKWARD = "recv_backward"
 OPTIMIZER = "optimizer"
+#: ``Schedule.options`` key of an evaluation schedule: forward jobs only (see ``forward_only``)
+FORWARD_ONLY = "forward_only"
 
 KINDS = (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W, SEND_FORWARD, RECV_FORWARD,
          SEND_BACKWARD, RECV_BACKWARD, OPTIMIZER)
@@ -158,6 +160,18 @@ class Schedule:
                       lowered=self.lowered, options=dict(self.options))
         fields.update(changes)
         return Schedule(**fields)
+
+    @property
+    def is_forward_only(self) -> bool:
+        return bool(self.options.get(FORWARD_ONLY))
+
+    def forward_only(self) -> "Schedule":
+        """The evaluation (inference) form of a compute schedule: its forward jobs in its
+        order, no backward jobs and no optimizer."""
+        if self.lowered:
+            raise ValueError("forward_only() takes a compute schedule (lower it afterwards)")
+        return self.with_ranks([[j for j in jobs if j.kind == FORWARD] for jobs in self.ranks],
+                               split_backward=False, options={**self.options, FORWARD_ONLY: True})
 
     def __str__(self) -> str:
         lines = [f"{self.name} pp={self.pp} vpp={self.vpp} m={self.m} placement={self.placement.kind}"]

@@ -66,6 +66,9 @@ def _check_completeness(schedule: Schedule, graph: Optional[DependencyGraph] = N
             raise ScheduleError(f"job {key[0]}{_op(key[1])}{key[2]} appears {n} times")
 
     present = set(graph.keys)  # every count is 1 from here on
+    if schedule.is_forward_only:
+        _check_forward_only(schedule, present)
+        return
     for stage in range(schedule.num_stages):
         for mb in range(schedule.m):
             has = {kind: int((stage, kind, mb) in present)
@@ -79,6 +82,19 @@ def _check_completeness(schedule: Schedule, graph: Optional[DependencyGraph] = N
             if not full and (has[BACKWARD_B] != 1 or has[BACKWARD_W] != 1):
                 raise ScheduleError(f"{_at(stage, mb)}: needs one backward (B), or one I and one "
                                     f"W; found I x{has[BACKWARD_B]}, W x{has[BACKWARD_W]}")
+
+
+def _check_forward_only(schedule: Schedule, present: Set[JobKey]) -> None:
+    """An evaluation schedule: one forward per (stage, micro-batch), nothing else."""
+    for rank, jobs in enumerate(schedule.ranks):
+        for index, job in enumerate(jobs):
+            if job.kind in (BACKWARD, BACKWARD_B, BACKWARD_W, OPTIMIZER):
+                raise ScheduleError(f"rank {rank}, job #{index} ({job.kind}): a forward-only "
+                                    "schedule has no backward or optimizer jobs")
+    for stage in range(schedule.num_stages):
+        for mb in range(schedule.m):
+            if (stage, FORWARD, mb) not in present:
+                raise ScheduleError(f"{_at(stage, mb)}: missing forward {stage}F{mb}")
 
 
 def _at(stage: int, mb: int) -> str:

@@ -20,7 +20,8 @@ from .config import PipelineConfig
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import complete_program, split_program, without_op_callstacks  # noqa: E402
+from pipesplit.ir_utils import (complete_program, has_backward, split_program,  # noqa: E402
+                                without_op_callstacks)
 from pipesplit.ir_utils.split_backward import SplitReport, split_backward  # noqa: E402
 
 
@@ -76,7 +77,8 @@ def split_sub_programs(main_program, config: PipelineConfig, num_chunks: Optiona
         if prepare is not None:
             prepare(work)
         complete_program(work)
-        report = split_backward(work) if config.splits_backward else None
-        split = split_program(work, num_chunks, split_backward=config.splits_backward,
+        splits = config.splits_backward and has_backward(work)  # evaluation: nothing to split
+        report = split_backward(work) if splits else None
+        split = split_program(work, num_chunks, split_backward=splits,
                               accumulate=mode, completed=True, fetch_names=fetch_names)
     return split, report

@@ -10,7 +10,9 @@ sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.
   between two ranks become p2p transfers in the send / recv sub-programs
   (:mod:`pipesplit.ir_utils.p2p`: gloo broadcasts on CPU, NCCL send_v2 / recv_v2 on GPU).
   Adjacent stages on one rank (the V placement's turn) hand over in memory.
-* The optimizer sub-program keeps only the updates of the parameters this rank's stages use.
+* The optimizer sub-program keeps only the updates of the parameters this rank's stages use;
+  global-norm clipping's squared norm and a tied weight's gradient are summed over the ranks
+  with an all-reduce first (:func:`filter_optimizer`).
 * The job order is the rank's list from :func:`pipesplit.job_list.lower.lower_comm` (a
   rendezvous-safe order: every rank issues its communications in one global order), optimizer
   last.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD)
@@ -32,10 +34,11 @@ from .core import PipelinePlan, make_schedule, split_sub_programs
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import make_plan  # noqa: E402
+from pipesplit.ir_utils import has_backward, make_plan  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
-                                    build_comm_program, first_user, producer_of, ring_pair)
+                                    all_reduce_sum, build_comm_program, first_user, producer_of,
+                                    ring_pair)
 
 DEVICES = ("auto", "cpu", "gpu")
 _TYPE_RE = re.compile(r"^(forward|backward_b|backward_w|backward|send_forward|recv_forward|"
@@ -78,6 +81,9 @@ class RankInfo:
     feed_names: List[str] = field(default_factory=list)   # data ops this rank's programs read
     # the rank's comm jobs of one step, in order: (job type, micro-batch, peer)
     comm_sequence: List[Tuple[str, int, Optional[int]]] = field(default_factory=list)
+    # all-reduces in the optimizer (global-norm clipping, tied weights) and their NCCL ring
+    num_all_reduces: int = 0
+    reduce_ring_id: Optional[int] = None
 
     def describe_comm(self, index: int) -> str:
         """Name the ``index``-th comm job of a step (for watchdogs and error messages)."""
@@ -202,48 +208,69 @@ def p2p_ring_ids(schedule: Schedule) -> Dict[Tuple[int, int], int]:
     return ids
 
 
-def filter_optimizer(program, local: Set[str], foreign: Set[str]) -> None:
-    """Erase (in place) every optimizer op that touches a ``foreign`` persistable value (another
-    rank's parameter, accumulator, counter), then the ops left without users.  Raises
-    ``ValueError`` if one op mixes local and foreign values (e.g. global-norm clipping)."""
+def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
+                     all_reduce_sum: Callable[[object], object]) -> int:
+    """Turn the whole model's optimizer sub-program into rank ``rank``'s (in place).
+
+    ``owners``: persistable name (parameter, gradient accumulator, counter) -> the ranks whose
+    compute programs use it.  Every value gets the set of ranks that hold it (intersection of
+    its operands'; names without owner, such as the learning rate or optimizer moments, are
+    everywhere).  An op the rank does not hold is erased.  A sum whose terms no one rank holds
+    -- global-norm clipping's sum of squared norms, a tied weight's sum of gradient
+    contributions -- becomes a partial sum of the terms this rank is the first holder of,
+    then ``all_reduce_sum`` over the pipeline ranks (every rank meets these sums in the same
+    program order, so the collectives match).  Any other op mixing ranks raises ValueError.
+    Returns the number of all-reduces inserted."""
+    everyone = frozenset(range(pp))
     blk = program.global_block()
-    ops = list(blk.ops)
-    tainted_ids: Set[int] = set()
-    local_ids: Set[int] = set()
-    for name, kw in blk.kwargs().items():
-        if name in foreign:
-            tainted_ids.add(kw.id)
-        elif name in local:
-            local_ids.add(kw.id)
+    holders: Dict[int, frozenset] = {kw.id: frozenset(owners.get(name, everyone))
+                                     for name, kw in blk.kwargs().items()}
+
+    def held(v):
+        return holders.get(v.id, everyone)
+
+    erased: Set[int] = set()
     drop = []
-    for op in ops:
-        if op.name() == "builtin.parameter":
-            pname = op.attrs()["parameter_name"]
-            if pname in foreign:
-                tainted_ids.add(op.result(0).id)
-            elif pname in local:
-                local_ids.add(op.result(0).id)
+    orphans = []
+    reductions = 0
+    for op in list(blk.ops):
+        if op.id() in erased:
             continue
         srcs = [v for v in op.operands_source() if v is not None and v.initialized()]
-        is_foreign = any(v.id in tainted_ids for v in srcs)
-        is_local = any(v.id in local_ids for v in srcs)
-        if is_foreign and is_local:
-            raise ValueError(
-                f"optimizer op {op.name()} combines parameters held by different pipeline "
-                "ranks (e.g. global-norm gradient clipping); per-rank optimizers need each "
-                "update to touch one rank's parameters only")
-        ids = {r.id for r in op.results()}
-        if is_foreign:
-            tainted_ids |= ids
+        if op.name() == "builtin.parameter":
+            ranks = frozenset(owners.get(op.attrs()["parameter_name"], everyone))
+        else:
+            ranks = everyone.intersection(*(held(v) for v in srcs))
+        if not ranks:
+            chain = _cross_rank_sum(op)
+            if chain is None:
+                raise ValueError(
+                    f"optimizer op {op.name()} combines values held by different pipeline "
+                    "ranks and is not a sum pipesplit can all-reduce (a tied weight's gradient "
+                    "contributions or global-norm clipping's squared norms)")
+            mine = [v for v in srcs if rank in held(v) and rank == min(held(v))]
+            # terms another rank counts: their producers are left without users below
+            orphans += [(d.id(), d) for d in (v.get_defining_op() for v in srcs
+                                               if not any(v.id == t.id for t in mine))
+                        if d is not None]
+            total = _all_reduced_partial_sum(chain, mine, all_reduce_sum)
+            holders[total.id] = everyone
+            erased.update(o.id() for o in chain)
+            for o in reversed(chain):
+                o.erase()
+            reductions += 1
+            continue
+        for r in op.results():
+            holders[r.id] = ranks
+        if rank not in ranks:
             drop.append(op)
-        elif is_local:
-            local_ids |= ids
+
     def producers(op):
         return [(d.id(), d) for d in (v.get_defining_op() for v in op.operands_source()
                                       if v is not None and v.initialized()) if d is not None]
 
-    erased: Set[int] = {op.id() for op in drop}
-    candidates = []
+    erased = {op.id() for op in drop}
+    candidates = [(oid, op) for oid, op in orphans if oid not in erased]
     for op in reversed(drop):
         candidates += producers(op)
         op.erase()
@@ -256,8 +283,52 @@ def filter_optimizer(program, local: Set[str], foreign: Set[str]) -> None:
         erased.add(oid)
         op.erase()
     for name in list(blk.kwargs()):
-        if name in foreign and blk.kwargs()[name].use_empty():
+        if rank not in owners.get(name, everyone) and blk.kwargs()[name].use_empty():
             blk.erase_kwarg(name)
+    return reductions
+
+
+def _cross_rank_sum(combine_op):
+    """The ops of a full sum over the values ``combine_op`` packs: [combine, add_n] or
+    [combine, stack, sum over every axis]; None for anything else."""
+    if combine_op.name() != "builtin.combine":
+        return None
+    users = combine_op.result(0).all_used_ops()
+    if len(users) != 1:
+        return None
+    user = users[0]
+    if user.name() == "pd_op.add_n":
+        return [combine_op, user]
+    if user.name() != "pd_op.stack":
+        return None
+    sums = user.result(0).all_used_ops()
+    if len(sums) != 1 or sums[0].name() != "pd_op.sum" or sums[0].attrs().get("keepdim"):
+        return None
+    axis = sums[0].operand_source(1).get_defining_op()
+    if axis is None or axis.name() != "pd_op.full_int_array" or list(axis.attrs()["value"]):
+        return None  # a sum over some axes only is not a sum of the terms
+    return [combine_op, user, sums[0]]
+
+
+def _all_reduced_partial_sum(chain, terms, all_reduce_sum):
+    """Before the last op of ``chain``: this rank's ``terms`` summed (zeros if none), in the
+    chain result's shape, all-reduced; the chain's result is replaced by it."""
+    result = chain[-1].result(0)
+    shape = [int(s) for s in result.shape]
+    paddle.pir.set_insertion_point(chain[-1])
+    if not terms:
+        partial = paddle.full(shape, 0.0, dtype=result.dtype)
+    else:
+        partial = terms[0] if len(terms) == 1 else paddle._C_ops.add_n(terms)
+        if [int(s) for s in partial.shape] != shape:
+            partial = paddle.reshape(partial, shape)
+    total = all_reduce_sum(partial)
+    for v in (partial, total):
+        d = v.get_defining_op()
+        if d is not None and d.op_role != 2:
+            d.op_role = 2
+    result.replace_all_uses_with(total)
+    return total
 
 
 def build_rank_plan(main_program, startup_program, config: PipelineConfig,
@@ -278,6 +349,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     if backend == "gloo":
         _check_cpu_pp(config.pp_degree)
     schedule = make_schedule(config)
+    if not has_backward(main_program):  # evaluation / inference: the schedule's forward order
+        schedule = schedule.forward_only()
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)  # a bad order is rejected before anything starts
     placement = schedule.placement
@@ -286,7 +359,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
 
     stages = {c: placement.stage(rank, c) for c in range(config.vpp_degree)}
     stage_to_chunk = {s: c for c, s in stages.items()}
-    compute_kinds = (["forward", "backward_b", "backward_w"] if config.splits_backward
+    compute_kinds = (["forward"] if schedule.is_forward_only
+                     else ["forward", "backward_b", "backward_w"] if config.splits_backward
                      else ["forward", "backward"])
 
     # ownership of persistable names by rank (from the compute programs that use them)
@@ -302,13 +376,9 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
         kind, s = parse_job_type(t)
         if kind in _COMPUTE_KINDS:
             params |= _params_in(prog)
-    shared = sorted(p for p in params if len(owners.get(p, ())) > 1)
-    if shared:
-        raise ValueError(f"parameters {shared[:8]} are used by stages on different pipeline "
-                         "ranks (tied weights); per-rank programs would need to all-reduce "
-                         "their gradients, which pipesplit does not do")
+    # a parameter used by stages on several ranks (tied weights) lives on each of them: its
+    # gradient contributions are all-reduced in the optimizer programs (filter_optimizer)
     local = {n for n, r in owners.items() if rank in r}
-    foreign = {n for n, r in owners.items() if rank not in r}
 
     programs: Dict[str, object] = {}
     for c, s in stages.items():
@@ -333,7 +403,17 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                 _add_events(split, stage_to_chunk, kind, s, sel, comm_ops, programs)
 
     opt = split.programs[OPTIMIZER]
-    filter_optimizer(opt, local, foreign)
+    reduce_ring = []  # NCCL: one ring of every pipeline rank, made on first use
+
+    def all_reduce(value):
+        if backend == "nccl" and not reduce_ring:
+            from paddle.distributed.auto_parallel.static.process_group import new_process_group
+
+            reduce_ring.append(new_process_group(list(range(config.pp_degree))).id)
+        return all_reduce_sum(value, backend, reduce_ring[0] if reduce_ring else None)
+
+    with paddle.static.program_guard(opt):
+        num_all_reduces = filter_optimizer(opt, owners, rank, config.pp_degree, all_reduce)
     programs[OPTIMIZER] = opt
 
     job_order = []
@@ -348,7 +428,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
             if info.transfers and info.peer != comm_sequence[-1][2]:
                 raise AssertionError(f"{job.type}: lowering peer {comm_sequence[-1][2]} != "
                                      f"program peer {info.peer}")
-    job_order.append((OPTIMIZER, 0))
+    if not schedule.is_forward_only:
+        job_order.append((OPTIMIZER, 0))
 
     fetches = [(f"{parse_job_type(t)[0]}{stage_to_chunk[parse_job_type(t)[1]]}", n)
                for t, n in split.fetches
@@ -367,7 +448,9 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     info = RankInfo(rank=rank, pp=config.pp_degree, backend=backend, stages=stages,
                     param_names=sorted(p for p in params if p in local),
                     comm=comm, ring_ids=ring_ids, fetch_names=[n for _, n in fetches],
-                    feed_names=feed_names, comm_sequence=comm_sequence)
+                    feed_names=feed_names, comm_sequence=comm_sequence,
+                    reduce_ring_id=reduce_ring[0] if reduce_ring else None,
+                    num_all_reduces=num_all_reduces)
     return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
                         rank_info=info)
 

@@ -21,7 +21,7 @@ from .per_rank import build_rank_plan
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import make_plan  # noqa: E402
+from pipesplit.ir_utils import has_backward, make_plan  # noqa: E402
 
 __all__ = ["PipelinePlan", "emulated_job_order", "make_schedule", "split_and_schedule",
            "split_sub_programs"]
@@ -35,7 +35,8 @@ def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
             continue
         stage = schedule.placement.stage(rank, job.chunk)
         order.append((Job(job.kind, stage, job.micro_batch).type, job.micro_batch))
-    order.append((OPTIMIZER, 0))
+    if not schedule.is_forward_only:
+        order.append((OPTIMIZER, 0))
     return order
 
 
@@ -44,6 +45,8 @@ def split_and_schedule(main_program, startup_program, config: PipelineConfig) ->
     if config.pp_stage is not None:
         return build_rank_plan(main_program, startup_program, config)
     schedule = make_schedule(config)
+    if not has_backward(main_program):  # evaluation / inference: the schedule's forward order
+        schedule = schedule.forward_only()
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)
     split, report = split_sub_programs(main_program, config)

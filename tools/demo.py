@@ -7,6 +7,7 @@ loss beside the unsplit run's, and the largest parameter difference.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Optional, Sequence
@@ -25,9 +26,19 @@ def make_parser() -> argparse.ArgumentParser:
                    help="micro-batches per step")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
     p.add_argument("--model", choices=("gpt", "mlp"), default=DEFAULTS["model"])
-    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
-                   help="sgd (default) or adam; Adam amplifies fp32 rounding of near-zero "
-                        "gradients, so its parameters match the unsplit run to ~1e-5, not 1e-6")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"), default="sgd",
+                   help="sgd (default), momentum, adam or adamw (weight decay 0.01); Adam "
+                        "amplifies fp32 rounding of near-zero gradients, so its parameters "
+                        "match the unsplit run to ~1e-5, not 1e-6")
+    p.add_argument("--clip-global-norm", type=float, default=None, metavar="X",
+                   help="clip gradients to global norm X (paddle.nn.ClipGradByGlobalNorm)")
+    p.add_argument("--tied-embeddings", action="store_true",
+                   help="gpt: the LM head uses the token embedding's weight")
+    p.add_argument("--lr-schedule", choices=("constant", "step", "cosine", "warmup"),
+                   default="constant",
+                   help="learning-rate schedule, stepped after every step: constant (default), "
+                        "step (halved every step), cosine (period 4 steps), warmup (linear, 3 "
+                        "steps)")
     p.add_argument("--layers-per-stage", type=int, default=1)
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--micro-batch-size", type=int, default=2, help="samples per micro-batch")
@@ -53,6 +64,12 @@ def _check(args) -> None:
     for name in ("pp", "vpp", "m", "steps", "layers_per_stage", "hidden", "micro_batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    clip = getattr(args, "clip_global_norm", None)
+    if clip is not None and not clip > 0:
+        raise ValueError(f"--clip-global-norm must be > 0, got {clip}")
+    if getattr(args, "tied_embeddings", False) and args.model != "gpt":
+        raise ValueError(f"--tied-embeddings needs --model gpt (the {args.model} model has no "
+                         "embedding)")
 
 
 def build_model(args):
@@ -60,9 +77,37 @@ def build_model(args):
 
     common = dict(num_stages=args.pp * args.vpp, layers_per_stage=args.layers_per_stage,
                   hidden=args.hidden, batch_size=args.m * args.micro_batch_size,
-                  optimizer=args.optimizer, lr=1e-3 if args.optimizer == "adam" else 0.1,
-                  seed=args.seed)
-    return build_gpt(**common) if args.model == "gpt" else build_mlp(**common)
+                  optimizer=args.optimizer,
+                  lr=1e-3 if args.optimizer in ("adam", "adamw") else 0.1, seed=args.seed,
+                  lr_schedule=getattr(args, "lr_schedule", "constant"),
+                  clip_global_norm=getattr(args, "clip_global_norm", None))
+    if args.model == "gpt":
+        return build_gpt(tied_embeddings=getattr(args, "tied_embeddings", False), **common)
+    return build_mlp(**common)
+
+
+@contextlib.contextmanager
+def schedule_restored(model):
+    """Put the model's LR scheduler back where it was on leaving the block."""
+    scheduler = model.lr_scheduler
+    state = scheduler.state_dict() if scheduler is not None else None
+    try:
+        yield
+    finally:
+        if scheduler is not None:
+            scheduler.set_state_dict(state)
+
+
+def train_steps(runner, model, steps, feed_of=None):
+    """``steps`` plan steps on the model's batches, stepping its LR scheduler after each (as a
+    training loop does with ``Executor.run``); returns what each step fetched."""
+    out = []
+    for step in range(steps):
+        batch = model.make_batch(step)
+        out.append(runner.step(feed_of(batch) if feed_of else batch))
+        if model.lr_scheduler is not None:
+            model.lr_scheduler.step()
+    return out
 
 
 def run(args) -> dict:
@@ -88,8 +133,9 @@ def run(args) -> dict:
           f"peak activations per rank {[round(x, 2) for x in sim.peak_memory]}")
 
     scope = init_scope(model, pipeline.split)
-    runner = PlanRunner(pipeline.plan, scope)
-    losses = [[float(x) for x in runner.step(model.make_batch(step))] for step in range(args.steps)]
+    runner = PlanRunner(pipeline.plan, scope, program=model.main)
+    with schedule_restored(model):  # the unsplit baseline starts from the same LR
+        losses = [[float(x) for x in out] for out in train_steps(runner, model, args.steps)]
     params = read_params(scope, model.param_names)
     baseline_losses, baseline_params = run_unsplit_baseline(model, args.steps, args.m)
     baseline_losses = [[float(x) for x in row] for row in baseline_losses]

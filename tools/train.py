@@ -131,7 +131,7 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
     from pipesplit.ir_utils.p2p import PROGRESS_VAR
     from pipesplit.passes.config import PipelineConfig
     from pipesplit.passes.per_rank import build_rank_plan
-    from pipesplit.tools.demo import build_model
+    from pipesplit.tools.demo import build_model, schedule_restored
 
     paddle.enable_static()
     model = build_model(args)
@@ -145,7 +145,10 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
     if info.backend == "nccl":  # NCCL comm contexts of the p2p rings, same order on every rank
         from paddle.distributed.auto_parallel.static.process_group import get_process_group
 
-        for ring_id in sorted(info.ring_ids.values()):
+        rings = set(info.ring_ids.values())
+        if info.reduce_ring_id is not None:  # clipping / tied-weight all-reduces
+            rings.add(info.reduce_ring_id)
+        for ring_id in sorted(rings):
             get_process_group(ring_id).instantiate()
     scope = init_scope(model, pipeline.split, place)
     scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
@@ -159,29 +162,32 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
         fail_rank, fail_step = int(parts[0]), int(parts[1])
         fail_mode = parts[2] if len(parts) > 2 else "exit"
     watchdog = Watchdog(rank, info, scope, args.watchdog, log).start()
-    runner = PlanRunner(pipeline.plan, scope, place)
+    runner = PlanRunner(pipeline.plan, scope, place, program=model.main)
     losses = []
-    try:
-        for step in range(args.steps):
-            if rank == fail_rank and step == fail_step:
-                print(f"rank {rank}: --fail-at: {fail_mode} at step {step}", file=log, flush=True)
-                if fail_mode == "hang":
-                    time.sleep(3600)
-                os._exit(1)
-            batch = model.make_batch(step)
-            feed = {k: v for k, v in batch.items() if k in info.feed_names}
-            scope.find_var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
-            watchdog.begin(step)
-            try:
-                out = runner.step(feed)
-            except Exception as exc:  # gloo timeout, peer gone ...
-                message = watchdog.report("failed")
-                raise RuntimeError(f"{message}: {' '.join(str(exc).split())[:2000]}") from exc
-            watchdog.end()
-            if info.fetch_names:
-                losses.append([float(x) for x in out])
-    finally:
-        watchdog.stop()
+    with schedule_restored(model):  # the unsplit baseline starts from the same LR
+        try:
+            for step in range(args.steps):
+                if rank == fail_rank and step == fail_step:
+                    print(f"rank {rank}: --fail-at: {fail_mode} at step {step}", file=log, flush=True)
+                    if fail_mode == "hang":
+                        time.sleep(3600)
+                    os._exit(1)
+                batch = model.make_batch(step)
+                feed = {k: v for k, v in batch.items() if k in info.feed_names}
+                scope.find_var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
+                watchdog.begin(step)
+                try:
+                    out = runner.step(feed)
+                except Exception as exc:  # gloo timeout, peer gone ...
+                    message = watchdog.report("failed")
+                    raise RuntimeError(f"{message}: {' '.join(str(exc).split())[:2000]}") from exc
+                watchdog.end()
+                if model.lr_scheduler is not None:
+                    model.lr_scheduler.step()
+                if info.fetch_names:
+                    losses.append([float(x) for x in out])
+        finally:
+            watchdog.stop()
 
     params = read_params(scope, info.param_names)
     # every run checks itself against the unsplit baseline (cheap for the demo's models)
