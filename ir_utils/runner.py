@@ -8,6 +8,8 @@ import numpy as np
 import paddle
 from paddle.base import core
 
+from .checks import check_feed, describe_missing, missing_scope_vars, plan_inputs
+
 
 def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
     """Non-persistable named values each sub-program reads or writes, minus the values whose
@@ -109,32 +111,61 @@ def _as_tensor(array, place):
 
 class PlanRunner:
     """Runs one ``core.Plan`` step after step in one scope, keeping Paddle's executor (building
-    it costs about as much as a small step)."""
+    it costs about as much as a small step).
+
+    Before each step the feed is checked against the plan's data ops and the scope against the
+    persistable variables the plan reads (see :mod:`pipesplit.ir_utils.checks`): Paddle's
+    executor would otherwise crash on a missing or replaced variable, or silently reuse the
+    previous step's value of a missing feed.  A variable erased and created again gets a fresh
+    executor.  Do not call ``drop_kids()`` on the scope while the runner is in use: it frees the
+    micro-batch scopes the executor keeps, and Paddle offers no way to notice.
+    """
 
     def __init__(self, plan, scope, place=None):
+        if not isinstance(plan, core.Plan):
+            raise TypeError(f"plan must be a paddle core.Plan (apply_pass(...) or "
+                            f"PipelinePlan.plan), got {type(plan).__name__}")
+        if not isinstance(scope, core._Scope):
+            raise TypeError(f"scope must be a paddle.static.Scope (e.g. init_scope(model, "
+                            f"split)), got {type(scope).__name__}")
+        if place is not None and not isinstance(place, core.Place):
+            raise TypeError(f"place must be a paddle place such as paddle.CPUPlace(), got "
+                            f"{type(place).__name__}")
         self.plan = plan
         self.scope = scope
         self.place = place if place is not None else paddle.CPUPlace()
         self.num_micro_batches = plan.micro_batch_num()
         _check_m(self.num_micro_batches)
+        self.inputs = plan_inputs(plan)
         self._executor = None
+        self._bound = {}  # persistable name -> the scope Variable the executor was built on
+
+    def _check_scope(self) -> None:
+        """Every persistable variable the plan reads is in the scope, and is still the one the
+        kept executor holds (an erased variable would leave it a dangling pointer)."""
+        missing = missing_scope_vars(self.scope, self.inputs.persistables)
+        if missing:
+            self._executor = None  # built on variables that are gone: never run it again
+            raise ValueError(f"scope lacks {len(missing)} variable(s) the plan reads: "
+                             f"{describe_missing(missing)}")
+        if self._executor is not None and any(
+                self.scope.find_var(n) is not v for n, v in self._bound.items()):
+            self._executor = None  # a variable was replaced: rebuild on the new ones
 
     def step(self, feed: Dict[str, np.ndarray]) -> List[np.float32]:
         """One step on the FULL batch ``feed`` (the executor cuts dim 0 into micro-batches);
         returns the fetched values, one per micro-batch (for a single fetch such as the loss:
         per-micro-batch losses as ``np.float32``; with several fetches a list per fetch)."""
         m = self.num_micro_batches
-        for name, arr in feed.items():
-            arr = np.asarray(arr)
-            if arr.ndim == 0 or arr.shape[0] % m:
-                raise ValueError(f"feed {name!r}: batch dimension {arr.shape[:1]} is not "
-                                 f"divisible by num_micro_batches={m}")
-        for name, arr in feed.items():
+        arrays = check_feed(feed, self.inputs.feeds, m)
+        self._check_scope()
+        for name, arr in arrays.items():
             core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
         if self._executor is None:
             self._executor = paddle.base.executor._StandaloneExecutor(self.place, self.plan,
                                                                        self.scope)
-        out = self._executor.run(list(feed))
+            self._bound = {n: self.scope.find_var(n) for n in self.inputs.persistables}
+        out = self._executor.run(list(arrays))
         per_fetch = []
         for x in out:
             arr = np.asarray(x)

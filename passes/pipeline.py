@@ -17,6 +17,7 @@ from pipesplit.job_list.simulate import SimResult, simulate
 from pipesplit.job_list.validate import validate
 
 from ._paddle import require_supported_paddle
+from .checks import check_pass_inputs
 from .config import PipelineConfig
 
 paddle = require_supported_paddle()
@@ -89,6 +90,7 @@ def split_sub_programs(main_program, config: PipelineConfig):
 
 def split_and_schedule(main_program, startup_program, config: PipelineConfig) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts."""
+    check_pass_inputs(main_program, startup_program, config)
     if config.pp_stage is not None:
         # one rank's programs for a multi-process run (pipesplit.passes.per_rank)
         from .per_rank import build_rank_plan
