@@ -232,14 +232,13 @@ def describe_missing(missing: List[str]) -> str:
     parts = []
     if accumulators:
         parts.append(f"gradient accumulators {_few(accumulators)}: call "
-                     "pipeline.init_scope(scope) (or pipesplit.ir_utils.init_scope(model, "
-                     "pipeline.split)) after running the startup program")
+                     "pipeline.init_scope(scope) after running the startup program")
     if others:
         parts.append(f"{_few(others)}: run the startup program in this scope (and do not "
                      "erase what the plan reads)")
     return "; ".join(parts)
 
 
-def _few(names: List[str], limit: int = 6) -> str:
+def _few(names: List[str], limit: int = 3) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" ... ({len(names)} in all)" if len(names) > limit else "")

@@ -182,6 +182,11 @@ def run_plan(plan, scope, feed: Dict[str, np.ndarray], place=None) -> List[np.fl
 
 
 def read_params(scope, names: Iterable[str]) -> Dict[str, np.ndarray]:
+    """Copies of the tensors ``names`` in ``scope``."""
+    names = list(names)
+    missing = missing_scope_vars(scope, names)
+    if missing:
+        raise ValueError(f"scope has no variable(s) {missing[:8]}")
     return {n: np.array(scope.find_var(n).get_tensor()) for n in names}
 
 
