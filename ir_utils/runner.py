@@ -138,19 +138,21 @@ class PlanRunner:
         _check_m(self.num_micro_batches)
         self.inputs = plan_inputs(plan)
         self._executor = None
-        self._bound = {}  # persistable name -> the scope Variable the executor was built on
+        self._bound = {}  # scope variable name -> the Variable the kept executor was built on
 
     def _check_scope(self) -> None:
-        """Every persistable variable the plan reads is in the scope, and is still the one the
-        kept executor holds (an erased variable would leave it a dangling pointer)."""
+        """Every persistable variable the plan reads is in the scope (else ``ValueError``)."""
         missing = missing_scope_vars(self.scope, self.inputs.persistables)
         if missing:
             self._executor = None  # built on variables that are gone: never run it again
             raise ValueError(f"scope lacks {len(missing)} variable(s) the plan reads: "
                              f"{describe_missing(missing)}")
-        if self._executor is not None and any(
-                self.scope.find_var(n) is not v for n, v in self._bound.items()):
-            self._executor = None  # a variable was replaced: rebuild on the new ones
+
+    def _executor_is_stale(self) -> bool:
+        """Whether a scope variable the kept executor holds a pointer to (parameters, feed and
+        fetch variables ...) was erased or replaced since it was built."""
+        find = self.scope.find_var
+        return any(find(name) is not var for name, var in self._bound.items())
 
     def step(self, feed: Dict[str, np.ndarray]) -> List[np.float32]:
         """One step on the FULL batch ``feed`` (the executor cuts dim 0 into micro-batches);
@@ -161,11 +163,15 @@ class PlanRunner:
         self._check_scope()
         for name, arr in arrays.items():
             core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
-        if self._executor is None:
+        if self._executor is not None and self._executor_is_stale():
+            self._executor = None  # rebuild on the scope's current variables
+        fresh = self._executor is None
+        if fresh:
             self._executor = paddle.base.executor._StandaloneExecutor(self.place, self.plan,
                                                                        self.scope)
-            self._bound = {n: self.scope.find_var(n) for n in self.inputs.persistables}
         out = self._executor.run(list(arrays))
+        if fresh:  # what it holds now: everything the scope has after its first run
+            self._bound = {n: self.scope.find_var(n) for n in self.scope.local_var_names()}
         per_fetch = []
         for x in out:
             arr = np.asarray(x)

@@ -142,6 +142,27 @@ def init_scope_not_called():
     return (lambda: PlanRunner(pipeline.plan, init_scope(model)).step(_batch())), []
 
 
+def erased_fetch_and_feed_variables_rebuild_the_executor():
+    """The executor also holds the scope's fetch and feed variables: erasing one after a step
+    must rebuild it, not crash, and the step must match an untouched runner."""
+    runner, _ = _runner()
+    reference, _ = _runner()
+
+    def steps():
+        for step, name in enumerate(["loss@fetch", "x", "y"]):
+            runner.step(_batch(step))
+            reference.step(_batch(step))
+            runner.scope.erase([name])
+        got, want = runner.step(_batch(3)), reference.step(_batch(3))
+        if not np.array_equal(got, want):
+            raise AssertionError(f"losses {got} != {want}")
+    return steps, []
+
+
+def init_scope_of_none():
+    return (lambda: _mlp()[1].init_scope(None)), []
+
+
 def recreated_variable_rebuilds_the_executor():
     """Erase a parameter after a step and set it again: the next step runs (no dangling
     pointer) and gives the losses of an untouched runner."""
@@ -359,6 +380,7 @@ def adamw_with_global_norm_clipping_is_accepted():
 CASES = {f.__name__: f for f in [
     runner_scope_none, run_plan_scope_none, runner_plan_none, runner_place_string,
     erased_parameter_after_a_step, erased_accumulator_after_a_step, init_scope_not_called,
+    init_scope_of_none, erased_fetch_and_feed_variables_rebuild_the_executor,
     recreated_variable_rebuilds_the_executor,
     feed_missing_on_second_step, feed_missing_on_first_step, feed_batch_sizes_differ,
     feed_wrong_dtype, feed_wrong_trailing_shape, feed_zero_rows, feed_not_divisible,
@@ -381,7 +403,9 @@ EXPECTED = {
                                                      "startup program"]),
     "erased_accumulator_after_a_step": ("ValueError", ["scope lacks", "@PS_ACC", "init_scope"]),
     "init_scope_not_called": ("ValueError", ["scope lacks", "@PS_ACC", "init_scope"]),
+    "init_scope_of_none": ("TypeError", ["scope must be a paddle.static.Scope", "NoneType"]),
     "recreated_variable_rebuilds_the_executor": (None, []),
+    "erased_fetch_and_feed_variables_rebuild_the_executor": (None, []),
     "feed_missing_on_second_step": ("ValueError", ["feed lacks ['y']", "every step"]),
     "feed_missing_on_first_step": ("ValueError", ["feed lacks ['y']"]),
     "feed_batch_sizes_differ": ("ValueError", ["feed 'y' has 4 rows but feed 'x' has 8"]),
