@@ -79,9 +79,9 @@ def check_stage_flow(program) -> None:
 
     A forward op of stage s runs before every forward of a later stage (same micro-batch), so
     it may read only forward values of stages <= s; a backward op of stage s runs before the
-    backwards of earlier stages, so it may read backward values of stages >= s (and forward
-    values of any stage).  Source ops (parameters, data, constants) are re-created where used
-    and sinks go with their producer, so neither counts."""
+    backwards of earlier stages, so it may read only backward values of stages >= s (forward
+    values of any stage are done by then).  Source ops (parameters, data, constants) are
+    re-created where used and sinks go with their producer, so neither counts."""
     ops = list(program.global_block().ops)
     index = {op.id(): i for i, op in enumerate(ops)}
     for i, op in enumerate(ops):
@@ -98,11 +98,10 @@ def check_stage_flow(program) -> None:
             p_role, p_stage = producer.op_role, producer.chunk_id
             if p_role not in (FORWARD, BACKWARD) or p_stage is None or p_stage < 0:
                 continue
-            backwards = (role == FORWARD and (p_role == BACKWARD or p_stage > stage)) or \
-                (role == BACKWARD and p_role == BACKWARD and p_stage < stage)
-            if backwards:
+            if p_role == role and (p_stage > stage if role == FORWARD else p_stage < stage):
                 raise ValueError(
-                    f"program data flows from stage {p_stage} back to stage {stage}: "
+                    f"program data flows against the pipeline, from stage {p_stage} to stage "
+                    f"{stage}: "
                     f"{_ROLE_NAMES[role]} op {_where(op, i)} of stage {stage} reads the output "
                     f"of {_ROLE_NAMES[p_role]} op "
                     f"{_where(producer, index.get(producer.id(), -1))} of stage {p_stage}; "

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, List
+from typing import Dict
 
 FORWARD, BACKWARD, OPTIMIZE = 0, 1, 2
 

@@ -282,6 +282,15 @@ def data_flows_back_a_stage():
     return _apply(main, startup), [main, startup]
 
 
+def gradient_flows_to_a_later_stage():
+    """The last grad op of stage 0 tagged as stage 1: a stage-1 backward reads stage-0
+    gradients, which exist only after stage 1's backward ran."""
+    main, startup, _ = _two_stage_nn()
+    last_grad = [op for op in main.global_block().ops if op.name() == "pd_op.matmul_grad"][-1]
+    last_grad.set_int_attr("chunk_id", 1)
+    return _apply(main, startup), [main, startup]
+
+
 def memory_limit_for_fixed_schedule():
     main, startup, _ = _two_stage_nn()
     return _apply(main, startup, memory_limit=1), [main, startup]
@@ -387,7 +396,8 @@ CASES = {f.__name__: f for f in [
     feed_scalar, feed_unknown_name, feed_is_a_list,
     main_none, startup_not_a_program, attrs_a_list, new_pass_main_none,
     pp_vpp_do_not_match_chunk_ids, two_minimize_calls, two_minimize_calls_per_rank,
-    data_flows_back_a_stage, memory_limit_for_fixed_schedule, memory_limit_nan,
+    data_flows_back_a_stage, gradient_flows_to_a_later_stage, memory_limit_for_fixed_schedule,
+    memory_limit_nan,
     memory_limit_inf, memory_limit_bool, costs_comm_nan, costs_w_memory_nan, costs_a_list,
     costs_wrong_stage_count, split_program_num_chunks,
     unfetched_loss_trains_like_unsplit, adamw_with_global_norm_clipping_is_accepted,
@@ -424,8 +434,10 @@ EXPECTED = {
                                                      "chunk ids are [0, 1]"]),
     "two_minimize_calls": ("ValueError", ["more than one optimizer step", "minimize()"]),
     "two_minimize_calls_per_rank": ("ValueError", ["more than one optimizer step"]),
-    "data_flows_back_a_stage": ("ValueError", ["from stage 1 back to stage 0", "pd_op.add",
-                                               "pd_op.tanh"]),
+    "data_flows_back_a_stage": ("ValueError", ["against the pipeline, from stage 1 to stage 0",
+                                               "forward op pd_op.add", "pd_op.tanh"]),
+    "gradient_flows_to_a_later_stage": ("ValueError", [
+        "against the pipeline, from stage 0 to stage 1", "backward op pd_op.matmul_grad"]),
     "memory_limit_for_fixed_schedule": ("ValueError", ["memory_limit is not used by schedule "
                                                        "1F1B", "auto"]),
     "memory_limit_nan": ("ValueError", ["memory_limit must be a finite number", "nan"]),
