@@ -182,7 +182,12 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     """Time every compute job of ``schedule`` (send / recv jobs are skipped)."""
     from .validate import ScheduleError, explain_deadlock  # validate imports nothing of ours back
 
-    costs = costs or Costs()
+    costs = costs if costs is not None else Costs()
+    if not isinstance(costs, Costs):
+        raise TypeError(f"costs must be a Costs, got {type(costs).__name__}")
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule (build_schedule(...)), got "
+                        f"{type(schedule).__name__}")
     costs.check_stages(schedule.num_stages)
     graph = DependencyGraph(schedule)
     table = graph.dependency_table()

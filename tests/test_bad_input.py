@@ -106,6 +106,16 @@ def test_cost_files_of_the_wrong_shape(tmp_path, text, expect):
     assert first.startswith(f"cost file {path}") and expect in first
 
 
+def test_simulate_checks_its_arguments():
+    from pipesplit.job_list import simulate
+
+    schedule = build_schedule("1F1B", 2, 1, 2)
+    with pytest.raises(TypeError, match="^costs must be a Costs, got dict"):
+        simulate(schedule, {"forward": 1})
+    with pytest.raises(TypeError, match="^schedule must be a Schedule"):
+        simulate("1F1B")
+
+
 @pytest.mark.parametrize("limit", [NAN, INF])
 def test_auto_memory_limit_is_finite(limit):
     with pytest.raises(ValueError, match="^memory_limit must be a finite number"):
