@@ -169,7 +169,11 @@ class PlanRunner:
         if fresh:
             self._executor = paddle.base.executor._StandaloneExecutor(self.place, self.plan,
                                                                        self.scope)
-        out = self._executor.run(list(arrays))
+        try:
+            out = self._executor.run(list(arrays))
+        except BaseException:
+            self._executor = None  # a run that failed half-way leaves nothing to reuse
+            raise
         if fresh:  # what it holds now: everything the scope has after its first run
             self._bound = {n: self.scope.find_var(n) for n in self.scope.local_var_names()}
         per_fetch = []
