@@ -38,6 +38,8 @@ class AccumulationInfo:
 
     def init_scope(self, scope, place=None) -> None:
         """Create every accumulator / counter in ``scope`` filled with zeros."""
+        if not isinstance(scope, paddle.base.core._Scope):
+            raise TypeError(f"scope must be a paddle.static.Scope, got {type(scope).__name__}")
         place = place if place is not None else paddle.CPUPlace()
         for name, (shape, dtype) in self.buffers.items():
             scope.var(name).get_tensor().set(np.zeros(shape, dtype=dtype), place)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, List
+from typing import Dict
 
 FORWARD, BACKWARD, OPTIMIZE = 0, 1, 2
 
@@ -74,6 +74,13 @@ def _complete_roles(ops, idx) -> None:
             role[i] = OPTIMIZE
         elif GRAD_OP_RE.match(op.name()):
             role[i] = BACKWARD
+    # 1b. everything before the backward section is forward: without this, a loss nothing
+    #     fetches (no shadow_output) would be read only by grad ops, and step 3 would pull the
+    #     whole forward into the backward
+    #     (source ops keep the role of their users: they are re-created where used)
+    for i in range(_backward_section_start(ops, role, idx)):
+        if not is_source_op(ops[i]):
+            role.setdefault(i, FORWARD)
     # 2. descendants of optimizer ops are optimizer.  A descendant of backward ops is backward
     # only while a grad op still depends on it; past the last grad op the values are the
     # parameter gradients, and what reads them (gradient clipping, regularization, the sum of
@@ -126,6 +133,25 @@ def _complete_roles(ops, idx) -> None:
             role[i] = FORWARD if i < first_b else (BACKWARD if i < first_o else OPTIMIZE)
     for op in ops:
         op.op_role = role[idx[op]]
+
+
+# ops Paddle's append_backward creates before the first grad op: the seed gradient (ones)
+BACKWARD_SEED_OPS = frozenset({"pd_op.full", "pd_op.full_like", "pd_op.fill_any_like",
+                               "pd_op.full_with_tensor"})
+
+
+def _backward_section_start(ops, role, idx) -> int:
+    """Index of the first op of the backward section: the first grad op, or the seed-gradient
+    ops right before it (read only by grad ops).  ``len(ops)`` without grad ops."""
+    start = next((i for i, op in enumerate(ops) if role.get(i) == BACKWARD), len(ops))
+    while start > 0:
+        op = ops[start - 1]
+        users = _users(op)
+        if op.name() not in BACKWARD_SEED_OPS or not users or \
+                any(role.get(idx.get(u)) != BACKWARD for u in users):
+            break
+        start -= 1
+    return start
 
 
 def _match_forward_op(op, chunk, idx):
@@ -299,21 +325,26 @@ def check_program(program, num_chunks: int) -> None:
     if unroled:
         raise ValueError("ops without op_role: " + ", ".join(_describe(o) for o in unroled[:20]))
     chunks = set()
-    bad: List[str] = []
+    unchunked, outside = [], []
     for op in ops:
         c = op.chunk_id if op.has_attr("chunk_id") else -1
         if op.op_role in (FORWARD, BACKWARD):
             if c is None or c < 0:
-                bad.append(f"{_describe(op)} has no chunk id")
-            elif c >= num_chunks:
-                bad.append(f"{_describe(op)} has chunk id {c} >= num_chunks {num_chunks}")
+                unchunked.append(op)
             else:
                 chunks.add(c)
-    if not chunks and not bad:
+                if c >= num_chunks:
+                    outside.append(op)
+    if not chunks and not unchunked:
         raise ValueError("program has no chunk ids")
-    if bad:
-        raise ValueError("chunk ids do not fit num_chunks: " + "; ".join(bad[:20]))
-    unused = sorted(set(range(num_chunks)) - chunks)
-    if unused:
-        raise ValueError(f"num_chunks={num_chunks} but no op has chunk id in {unused}: "
-                         f"the program uses chunks {sorted(chunks)}")
+    if unchunked:
+        raise ValueError(f"{len(unchunked)} forward / backward ops have no chunk id (run "
+                         f"complete_program first): {_few(unchunked)}")
+    if outside or chunks != set(range(num_chunks)):
+        raise ValueError(f"num_chunks={num_chunks}, but the program's chunk ids are "
+                         f"{sorted(chunks)}; they must be 0 .. {num_chunks - 1}, each used")
+
+
+def _few(ops, limit: int = 5) -> str:
+    shown = ", ".join(_describe(op) for op in ops[:limit])
+    return shown + (f" ... ({len(ops)} in all)" if len(ops) > limit else "")

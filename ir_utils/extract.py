@@ -14,6 +14,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 import paddle
 
 from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
+from .checks import check_stage_flow
 from .complete import BACKWARD, FORWARD, OPTIMIZE, SINK_OPS, check_program, complete_program, \
     is_source_op
 
@@ -104,6 +105,7 @@ def split_program(program, num_chunks: int, split_backward: bool = False,
     if not completed:
         complete_program(work)
     check_program(work, num_chunks)
+    check_stage_flow(work)
     info = add_gradient_accumulation(work, accumulate) if accumulate else None
     split = _distribute(work, num_chunks, split_backward, fetch_names)
     split.accumulation = info

@@ -8,6 +8,8 @@ import numpy as np
 import paddle
 from paddle.base import core
 
+from .checks import check_feed, describe_missing, missing_scope_vars, plan_inputs
+
 
 def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
     """Non-persistable named values each sub-program reads or writes, minus the values whose
@@ -119,38 +121,77 @@ def _as_tensor(array, place):
 
 class PlanRunner:
     """Runs one ``core.Plan`` step after step in one scope, keeping Paddle's executor (building
-    it costs about as much as a small step)."""
+    it costs about as much as a small step).
+
+    Before each step the feed is checked against the plan's data ops and the scope against the
+    persistable variables the plan reads (see :mod:`pipesplit.ir_utils.checks`): Paddle's
+    executor would otherwise crash on a missing or replaced variable, or silently reuse the
+    previous step's value of a missing feed.  A variable erased and created again gets a fresh
+    executor.  Do not call ``drop_kids()`` on the scope while the runner is in use: it frees the
+    micro-batch scopes the executor keeps, and Paddle offers no way to notice.
+    """
 
     def __init__(self, plan, scope, place=None, program=None):
         """``program``: the training program the plan was split from.  When its optimizer has
         an LR scheduler (``program.lr_scheduler``), every step first writes the scheduler's
         current value into the learning-rate variable, as ``paddle.static.Executor.run`` does,
         so ``scheduler.step()`` between steps works unchanged."""
+        if not isinstance(plan, core.Plan):
+            raise TypeError(f"plan must be a paddle core.Plan (apply_pass(...) or "
+                            f"PipelinePlan.plan), got {type(plan).__name__}")
+        if not isinstance(scope, core._Scope):
+            raise TypeError(f"scope must be a paddle.static.Scope (e.g. init_scope(model, "
+                            f"split)), got {type(scope).__name__}")
+        if place is not None and not isinstance(place, core.Place):
+            raise TypeError(f"place must be a paddle place such as paddle.CPUPlace(), got "
+                            f"{type(place).__name__}")
         self.plan = plan
         self.scope = scope
         self.place = place if place is not None else paddle.CPUPlace()
         self.num_micro_batches = plan.micro_batch_num()
         _check_m(self.num_micro_batches)
         self.program = program
+        self.inputs = plan_inputs(plan)
         self._executor = None
+        self._bound = {}  # scope variable name -> the Variable the kept executor was built on
+
+    def _check_scope(self) -> None:
+        """Every persistable variable the plan reads is in the scope (else ``ValueError``)."""
+        missing = missing_scope_vars(self.scope, self.inputs.persistables)
+        if missing:
+            self._executor = None  # built on variables that are gone: never run it again
+            raise ValueError(f"scope lacks {len(missing)} variable(s) the plan reads: "
+                             f"{describe_missing(missing)}")
+
+    def _executor_is_stale(self) -> bool:
+        """Whether a scope variable the kept executor holds a pointer to (parameters, feed and
+        fetch variables ...) was erased or replaced since it was built."""
+        find = self.scope.find_var
+        return any(find(name) is not var for name, var in self._bound.items())
 
     def step(self, feed: Dict[str, np.ndarray]) -> List[np.float32]:
         """One step on the FULL batch ``feed`` (the executor cuts dim 0 into micro-batches);
         returns the fetched values, one per micro-batch (for a single fetch such as the loss:
         per-micro-batch losses as ``np.float32``; with several fetches a list per fetch)."""
         m = self.num_micro_batches
-        for name, arr in feed.items():
-            arr = np.asarray(arr)
-            if arr.ndim == 0 or arr.shape[0] % m:
-                raise ValueError(f"feed {name!r}: batch dimension {arr.shape[:1]} is not "
-                                 f"divisible by num_micro_batches={m}")
-        for name, arr in feed.items():
+        arrays = check_feed(feed, self.inputs.feeds, m)
+        self._check_scope()
+        for name, arr in arrays.items():
             core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
         apply_lr_scheduler(self.program, self.scope, self.place)
-        if self._executor is None:
+        if self._executor is not None and self._executor_is_stale():
+            self._executor = None  # rebuild on the scope's current variables
+        fresh = self._executor is None
+        if fresh:
             self._executor = paddle.base.executor._StandaloneExecutor(self.place, self.plan,
                                                                        self.scope)
-        out = self._executor.run(list(feed))
+        try:
+            out = self._executor.run(list(arrays))
+        except BaseException:
+            self._executor = None  # a run that failed half-way leaves nothing to reuse
+            raise
+        if fresh:  # what it holds now: everything the scope has after its first run
+            self._bound = {n: self.scope.find_var(n) for n in self.scope.local_var_names()}
         per_fetch = []
         for x in out:
             arr = np.asarray(x)
@@ -187,6 +228,11 @@ def run_plan(plan, scope, feed: Dict[str, np.ndarray], place=None) -> List[np.fl
 
 
 def read_params(scope, names: Iterable[str]) -> Dict[str, np.ndarray]:
+    """Copies of the tensors ``names`` in ``scope``."""
+    names = list(names)
+    missing = missing_scope_vars(scope, names)
+    if missing:
+        raise ValueError(f"scope has no variable(s) {missing[:8]}")
     return {n: np.array(scope.find_var(n).get_tensor()) for n in names}
 
 

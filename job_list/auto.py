@@ -41,6 +41,7 @@ To let the search also choose the placement, call :func:`auto_search` with
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -740,6 +741,9 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
         memory_limit = default_memory_limit(pp, vpp, m)
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)):
         raise TypeError(f"memory_limit must be a number, got {memory_limit!r}")
+    if not math.isfinite(memory_limit):
+        raise ValueError(f"memory_limit must be a finite number (peak activation units per "
+                         f"rank), got {memory_limit!r}")
     if memory_limit < least - EPS:
         raise ValueError(f"memory_limit must be >= {least:g} (vpp={vpp} units: every valid schedule "
                          f"holds all vpp forwards of a micro-batch on each rank, plus "

@@ -9,6 +9,7 @@ Memory model (units of one stage's activations for one micro-batch): +1 at the e
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -42,16 +43,18 @@ class Costs:
     def __post_init__(self):
         for name in COST_FIELDS:
             value = getattr(self, name)
-            values = value if isinstance(value, (list, tuple)) else [value]
             if name == "backward" and value is None:
                 continue
-            for item in values:
-                if not isinstance(item, (int, float)) or isinstance(item, bool) or item < 0:
-                    raise ValueError(f"costs.{name} must be numbers >= 0, got {value!r}")
-        if not isinstance(self.comm, (int, float)) or self.comm < 0:
-            raise ValueError(f"costs.comm must be a number >= 0, got {self.comm!r}")
-        if not isinstance(self.w_memory, (int, float)) or self.w_memory < 0:
-            raise ValueError(f"costs.w_memory must be a number >= 0, got {self.w_memory!r}")
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if isinstance(value, (list, tuple)) and not value:
+                raise ValueError(f"costs.{name} must be a number or one number per stage, "
+                                 "got an empty list")
+            if not all(_is_cost(item) for item in values):
+                raise ValueError(f"costs.{name} must be finite numbers >= 0, got {value!r}")
+        for name in EXTRA_FIELDS:
+            value = getattr(self, name)
+            if not _is_cost(value):
+                raise ValueError(f"costs.{name} must be a finite number >= 0, got {value!r}")
 
     def memory_delta(self, kind: str) -> float:
         """Change of live activation units at the end of a ``kind`` job (see class doc)."""
@@ -97,6 +100,9 @@ class Costs:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Costs":
+        if not isinstance(data, dict):
+            raise TypeError(f"costs must be a dict of {COST_FIELDS + EXTRA_FIELDS}, got "
+                            f"{type(data).__name__}")
         unknown = set(data) - set(COST_FIELDS) - set(EXTRA_FIELDS)
         if unknown:
             raise ValueError(f"unknown cost fields {sorted(unknown)}; expected {COST_FIELDS + EXTRA_FIELDS}")
@@ -107,9 +113,34 @@ class Costs:
 
     @classmethod
     def load(cls, path: str) -> "Costs":
+        """Costs of a JSON file: a :meth:`to_dict` object, or an object holding one under
+        ``"costs"`` (a ``pipesplit profile`` file)."""
         with open(path) as f:
             data = json.load(f)
-        return cls.from_dict(data.get("costs", data))
+        if not isinstance(data, dict):
+            raise ValueError(f"cost file {path}: the top level must be a JSON object (cost "
+                             f"fields, or a profile with a 'costs' object), got "
+                             f"{_json_kind(data)}")
+        if "costs" in data:
+            data = data["costs"]
+            if not isinstance(data, dict):
+                raise ValueError(f"cost file {path}: 'costs' must be a JSON object of cost "
+                                 f"fields, got {_json_kind(data)}")
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cost file {path}: {exc}") from None
+
+
+def _is_cost(value) -> bool:
+    """A finite real number >= 0 (NaN would make every comparison false, inf every makespan)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0
+
+
+def _json_kind(value) -> str:
+    return {list: "a list", type(None): "null", str: "a string", bool: "a boolean"}.get(
+        type(value), f"a {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -151,7 +182,12 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     """Time every compute job of ``schedule`` (send / recv jobs are skipped)."""
     from .validate import ScheduleError, explain_deadlock  # validate imports nothing of ours back
 
-    costs = costs or Costs()
+    costs = costs if costs is not None else Costs()
+    if not isinstance(costs, Costs):
+        raise TypeError(f"costs must be a Costs, got {type(costs).__name__}")
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule (build_schedule(...)), got "
+                        f"{type(schedule).__name__}")
     costs.check_stages(schedule.num_stages)
     graph = DependencyGraph(schedule)
     table = graph.dependency_table()

@@ -55,15 +55,17 @@ def _check_jobs(schedule: Schedule) -> None:
 
 def _check_completeness(schedule: Schedule, graph: Optional[DependencyGraph] = None) -> None:
     graph = graph or DependencyGraph(schedule)
-    counts = [0] * len(graph.keys)  # per key id, in order of first occurrence
-    for row in graph.key_ids:
-        for kid in row:
+    places: List[List[Tuple[int, int]]] = [[] for _ in graph.keys]  # per key id: (rank, index)
+    for rank, row in enumerate(graph.key_ids):
+        for index, kid in enumerate(row):
             if kid >= 0:
-                counts[kid] += 1
-    for kid, n in enumerate(counts):
-        if n > 1:
+                places[kid].append((rank, index))
+    for kid, where in enumerate(places):
+        if len(where) > 1:
             key = graph.keys[kid]
-            raise ScheduleError(f"job {key[0]}{_op(key[1])}{key[2]} appears {n} times")
+            at = ", ".join(f"rank {rank} job #{index}" for rank, index in where)
+            raise ScheduleError(f"job {key[0]}{_op(key[1])}{key[2]} appears {len(where)} times "
+                                f"({at}); each (stage, kind, micro-batch) runs once")
 
     present = set(graph.keys)  # every count is 1 from here on
     if schedule.is_forward_only:

@@ -264,6 +264,8 @@ def from_csv(text: str, pp: Optional[int] = None, vpp: Optional[int] = None,
     """Parse PyTorch's compute-only CSV (row index = rank; empty cells ignored) into a
     :class:`Schedule`.  ``pp`` / ``vpp`` / ``m`` are inferred when not given (see
     :func:`schedule_from_actions`); ``placement`` must be given for V-shaped schedules."""
+    if not isinstance(text, str):
+        raise TypeError(f"from_csv text must be a str, got {type(text).__name__}")
     rows = []
     for line_no, row in enumerate(csv.reader(io.StringIO(text)), start=1):
         actions = []
@@ -277,6 +279,9 @@ def from_csv(text: str, pp: Optional[int] = None, vpp: Optional[int] = None,
             except ValueError as exc:
                 raise ValueError(f"CSV line {line_no}: {exc}") from None
         rows.append(actions)
+    if not any(cell is not None for row in rows for cell in row):
+        raise ValueError("CSV text has no jobs: expected one row per rank of {stage}{op}{mb} "
+                         "cells, e.g. '0F0,0B0'")
     return schedule_from_actions(rows, pp=pp, vpp=vpp, m=m, placement=placement, name=name)
 
 
@@ -342,15 +347,27 @@ def to_json(schedule: Schedule, sim: Optional[SimResult] = None, compact: bool =
 def from_json(text: str) -> Schedule:
     """Schedule of :func:`to_json` text (timings, if any, are ignored)."""
     data = json.loads(text) if isinstance(text, str) else text
+    if not isinstance(data, dict):
+        raise ValueError(f"schedule JSON must be an object with pp, vpp, m and ranks, got "
+                         f"{type(data).__name__}")
     missing = [k for k in ("pp", "vpp", "m", "ranks") if k not in data]
     if missing:
         raise ValueError(f"schedule JSON lacks {missing}")
-    rows = [[Action.parse(cell) for cell in row] for row in data["ranks"]]
+    ranks = data["ranks"]
+    if not isinstance(ranks, list) or not all(
+            isinstance(row, list) and all(isinstance(cell, str) for cell in row) for row in ranks):
+        raise ValueError("schedule JSON 'ranks' must be a list (one per rank) of lists of job "
+                         f"strings such as '0F0', got {json.dumps(ranks)[:80]}")
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise ValueError(f"schedule JSON 'options' must be an object, got "
+                         f"{type(options).__name__}")
+    rows = [[Action.parse(cell) for cell in row] for row in ranks]
     schedule = schedule_from_actions(rows, pp=data["pp"], vpp=data["vpp"], m=data["m"],
                                      placement=data.get("placement", LOOPED),
                                      name=data.get("name", "json"),
                                      split_backward=data.get("split_backward"))
-    schedule.options = dict(data.get("options") or {})
+    schedule.options = dict(options)
     if "lowered" in data:
         schedule.lowered = bool(data["lowered"])
     return schedule

@@ -1,11 +1,12 @@
 """Pass attributes, checked once: every bad value is a ValueError / TypeError naming it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 from pipesplit.job_list.placement import check_positive_int
-from pipesplit.job_list.registry import get_spec
+from pipesplit.job_list.registry import accepted_options, get_spec, schedule_names
 from pipesplit.job_list.simulate import Costs
 
 #: Attributes Paddle's own pipeline passes take, plus pipesplit's.
@@ -74,7 +75,31 @@ class PipelineConfig:
             costs = Costs.from_dict(costs)
         if costs is not None and not isinstance(costs, Costs):
             raise TypeError(f"costs must be a Costs or a dict, got {type(costs).__name__}")
+        if costs is not None:
+            costs.check_stages(pp * vpp)
         limit = attrs.get("memory_limit")
-        if limit is not None and (not isinstance(limit, (int, float)) or limit <= 0):
-            raise ValueError(f"memory_limit must be a number > 0, got {limit!r}")
+        if limit is not None:
+            check_memory_limit(spec.name, limit)
         return cls(spec.name, m, pp, vpp, stage, split, mode, costs, limit)
+
+
+def schedules_taking(option: str) -> List[str]:
+    """Canonical names of the schedules whose generator takes ``option`` (e.g. memory_limit)."""
+    return [name for name in schedule_names() if accepted_options(name, {option: None})]
+
+
+def check_memory_limit(schedule: str, limit) -> None:
+    """``memory_limit`` is a finite number > 0, given to a schedule that searches under it.
+
+    A fixed schedule (1F1B, ZBV ...) has the peak its order implies; a limit it would ignore is
+    refused rather than dropped, so a run never looks limited when it is not."""
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+        raise TypeError(f"memory_limit must be a number (activation units per rank), got "
+                        f"{type(limit).__name__} {limit!r}")
+    if not math.isfinite(limit) or limit <= 0:
+        raise ValueError(f"memory_limit must be a finite number > 0, got {limit!r}")
+    takers = schedules_taking("memory_limit")
+    if schedule not in takers:
+        raise ValueError(f"memory_limit is not used by schedule {schedule}: only {takers} "
+                         f"search under a memory limit; {schedule}'s peak is fixed by its order "
+                         f"(drop memory_limit, or use one of {takers})")

@@ -15,6 +15,7 @@ from pipesplit.job_list.lower import global_order, lower_comm
 from pipesplit.job_list.validate import validate
 
 from ._paddle import require_supported_paddle
+from .checks import check_pass_inputs
 from .config import PipelineConfig
 from .core import PipelinePlan, make_schedule, split_sub_programs
 from .per_rank import build_rank_plan
@@ -42,6 +43,7 @@ def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
 
 def split_and_schedule(main_program, startup_program, config: PipelineConfig) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts."""
+    check_pass_inputs(main_program, startup_program, config)
     if config.pp_stage is not None:
         return build_rank_plan(main_program, startup_program, config)
     schedule = make_schedule(config)

@@ -105,6 +105,8 @@ def paddle_pass_class(name: str) -> Optional[type]:
 def apply_pipeline(main_program, startup_program, name: str, attrs: Optional[dict] = None
                    ) -> PipelinePlan:
     """Run pipesplit's pass for schedule ``name``; returns the plan with all its parts."""
+    if attrs is not None and not isinstance(attrs, dict):
+        raise TypeError(f"attrs must be a dict of pass attributes, got {type(attrs).__name__}")
     pass_obj = PassBase._REGISTERED_PASSES[PIPESPLIT_PREFIX + get_spec(name).name]()
     for key, value in (attrs or {}).items():
         pass_obj.set_attr(key, value)
