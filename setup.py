@@ -5,8 +5,9 @@ setup(
     version="0.1.0",
     description="Pipeline-parallel schedules and PIR program splitting for PaddlePaddle static graphs",
     python_requires=">=3.9",
-    packages=["pipesplit.job_list", "pipesplit.ir_utils", "pipesplit.passes", "pipesplit.tools"],
+    packages=["pipesplit", "pipesplit.job_list", "pipesplit.ir_utils", "pipesplit.passes", "pipesplit.tools"],
     package_dir={
+        "pipesplit": "pipesplit",
         "pipesplit.job_list": "job_list",
         "pipesplit.ir_utils": "ir_utils",
         "pipesplit.passes": "passes",

@@ -68,41 +68,64 @@ def ascii_grid(sim: SimResult, width: Optional[int] = None) -> str:
     job's duration when the gcd is too fine; start and end times are rounded to it, so every job
     keeps at least one cell of its own); a cell holds the short form
     ``{stage}{op}{mb}`` of the job running then, ``.`` when the rank is idle.  With ``width``
-    (characters per line) the step grows until the grid fits; jobs shorter than that step can
-    then hide each other.  The last line is a legend.
+    (characters per line) the step grows to a round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8
+    times a power of ten) until every line fits.  Jobs shorter than that step can then fall into
+    one column: such a cell shows ``+N`` (N jobs in it) and the legend says how many jobs have
+    no column of their own, so no job disappears silently.  The last line is the legend.
     """
     schedule = sim.schedule
     labels = {(t.rank, t.index): str(schedule.to_action(t.rank, t.job))
               for row in sim.timeline for t in row}
-    cell = max([len(s) for s in labels.values()] + [1])
+    cell = max([len(s) for s in labels.values()] + [2])
     step = _time_step(sim)
     prefix = f"rank {schedule.pp - 1:>{len(str(schedule.pp - 1))}} |"
     if width is not None:
         check_positive_int("width", width)
-        columns_fit = max(1, (width - len(prefix)) // (cell + 1))
+        columns_fit = max(1, (width - len(prefix) + 1) // (cell + 1))
         if sim.makespan / step > columns_fit:
-            step = sim.makespan / columns_fit
+            step = _round_step_up(sim.makespan / columns_fit)
 
     def cell_of(time: float) -> int:  # round half up: monotone, so no two jobs share a cell
         return int(math.floor(time / step + 0.5 + 1e-9))
 
-    columns = max([1] + [max(cell_of(t.end), cell_of(t.start) + 1)
-                         for row in sim.timeline for t in row])
+    def cells_of(t) -> range:
+        first = cell_of(t.start)
+        return range(first, max(first + 1, cell_of(t.end)))
+
+    columns = max([1] + [cells_of(t).stop for row in sim.timeline for t in row])
     lines = [f"time step {step:g} per column, makespan {sim.makespan:g} "
              f"({schedule.name} pp={schedule.pp} vpp={schedule.vpp} m={schedule.m})"]
+    hidden = 0
     for rank in range(schedule.pp):
-        cells = ["."] * columns
+        occupants: List[List[str]] = [[] for _ in range(columns)]
         for t in sim.timeline[rank]:
-            first = cell_of(t.start)
-            last = max(first + 1, cell_of(t.end))
-            for col in range(first, min(last, columns)):
-                cells[col] = labels[(t.rank, t.index)]
+            for col in cells_of(t):
+                occupants[col].append(labels[(t.rank, t.index)])
+        shown = {jobs[0] for jobs in occupants if len(jobs) == 1}
+        hidden += sum(1 for t in sim.timeline[rank] if labels[(t.rank, t.index)] not in shown)
+        cells = ["." if not jobs else jobs[0] if len(jobs) == 1 else f"+{len(jobs)}"
+                 for jobs in occupants]
         lines.append(f"rank {rank:>{len(str(schedule.pp - 1))}} |"
                      + " ".join(c.ljust(cell) for c in cells).rstrip())
-    lines.append("legend: cell = {stage}{op}{micro-batch}, stage = global virtual stage; "
-                 "F forward, B backward, I backward_b (input grad), W backward_w (weight grad); "
-                 ". idle")
+    legend = ("legend: cell = {stage}{op}{micro-batch}, stage = global virtual stage; "
+              "F forward, B backward, I backward_b (input grad), W backward_w (weight grad); "
+              ". idle")
+    if any(c.startswith("+") for line in lines[1:] for c in line.split("|", 1)[1].split()):
+        jobs = sum(len(row) for row in sim.timeline)
+        legend += (f"; +N: N jobs shorter than the time step in one column ({hidden} of {jobs} "
+                   f"jobs have no column of their own; a larger width shows them)")
+    lines.append(legend)
     return "\n".join(lines)
+
+
+def _round_step_up(step: float) -> float:
+    """The smallest round number >= ``step``: 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a
+    power of ten (at most 25% coarser than needed, and easy to read off the grid)."""
+    power = 10.0 ** math.floor(math.log10(step))
+    for mantissa in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if mantissa * power >= step * (1 - 1e-9):
+            return float(f"{mantissa * power:.12g}")
+    return 10 * power
 
 
 # --------------------------------------------------------------------------- Chrome trace
