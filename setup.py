@@ -24,5 +24,9 @@ setup(
         "plot": ["matplotlib"],
         "test": ["pytest", "matplotlib", "paddlepaddle==3.3.1"],
     },
-    entry_points={"console_scripts": ["pipesplit=pipesplit.tools.cli:main"]},
+    entry_points={"console_scripts": [
+        "pipesplit=pipesplit.tools.cli:main",
+        # the per-rank trainer, for `python -m paddle.distributed.launch ... pipesplit-train`
+        "pipesplit-train=pipesplit.tools.train:main",
+    ]},
 )

@@ -48,7 +48,7 @@ SETTLE_POLL_S = 0.002
 SETTLE_POLLS = 10
 #: whole-step runs whose smallest allocator peak is a schedule's measured peak (the GC thread
 #: lagging behind only ever raises a peak, so the minimum is the repeatable value)
-PEAK_RUNS = 3
+PEAK_RUNS = 5
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
 
