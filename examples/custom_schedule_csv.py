@@ -51,20 +51,21 @@ def register(schedule) -> None:
         return [list(jobs) for jobs in schedule.ranks]
 
 
-def train(steps: int = 3) -> float:
-    """Train the small MLP with the imported schedule; the largest parameter difference to an
-    unsplit run of the same program."""
+def train(schedule, steps: int = 3) -> float:
+    """Train a small MLP (one stage per chunk, 2 samples per micro-batch) with the imported
+    schedule; the largest parameter difference to an unsplit run of the same program."""
     from pipesplit.ir_utils import PlanRunner, build_mlp, init_scope, read_params, run_unsplit_baseline
     from pipesplit.passes import apply_pipeline
 
-    model = build_mlp(num_stages=2, batch_size=8)
+    pp, vpp, m = schedule.pp, schedule.vpp, schedule.m
+    model = build_mlp(num_stages=pp * vpp, batch_size=2 * m)
     pipeline = apply_pipeline(model.main, model.startup, NAME,
-                              {"num_micro_batches": 4, "pp_degree": 2})
+                              {"num_micro_batches": m, "pp_degree": pp, "vpp_degree": vpp})
     scope = init_scope(model, pipeline.split)
     runner = PlanRunner(pipeline.plan, scope)
     for step in range(steps):
         runner.step(model.make_batch(step))
-    _, reference = run_unsplit_baseline(model, steps, 4)
+    _, reference = run_unsplit_baseline(model, steps, m)
     ours = read_params(scope, model.param_names)
     return max(float(np.max(np.abs(ours[n] - reference[n]))) for n in model.param_names)
 
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
           f"1F1B: makespan {reference.makespan:g}, peak memory {reference.max_peak_memory:g} "
           f"(tF=1, tB=2, comm=0.1)")
     register(schedule)
-    diff = train()
+    diff = train(schedule)
     print(f"trained 3 steps with {NAME}: max parameter difference to unsplit {diff:.2e}")
     return 0 if diff < 1e-6 else 1
 
