@@ -31,6 +31,9 @@ __all__ = ["ascii_grid", "chrome_trace", "plot_timeline", "to_csv", "from_csv", 
 OP_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
 _OP_NAMES = {"F": FORWARD, "B": BACKWARD, "I": BACKWARD_B, "W": BACKWARD_W}
 _MAX_GRID_COLUMNS = 2000
+#: with a width, at most this many bands of columns before the time step grows (a grid taller
+#: than this is no longer read as one picture)
+MAX_GRID_BANDS = 6
 
 
 # --------------------------------------------------------------------------- ASCII grid
@@ -67,11 +70,14 @@ def ascii_grid(sim: SimResult, width: Optional[int] = None) -> str:
     Each row is a rank, each column one time step (the gcd of the job durations, or the shortest
     job's duration when the gcd is too fine; start and end times are rounded to it, so every job
     keeps at least one cell of its own); a cell holds the short form
-    ``{stage}{op}{mb}`` of the job running then, ``.`` when the rank is idle.  With ``width``
-    (characters per line) the step grows to a round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8
-    times a power of ten) until every line fits.  Jobs shorter than that step can then fall into
-    one column: such a cell shows ``+N`` (N jobs in it) and the legend says how many jobs have
-    no column of their own, so no job disappears silently.  The last line is the legend.
+    ``{stage}{op}{mb}`` of the job running then, ``.`` when the rank is idle.
+
+    With ``width`` (characters per line) a grid too wide for one line is cut into bands of
+    consecutive columns, one under the other, each headed by its time range; beyond
+    :data:`MAX_GRID_BANDS` bands the time step grows to a round number (1, 1.2, 1.5, 2, 2.5, 3,
+    4, 5, 6, 8 times a power of ten) until that many suffice.  Jobs shorter than such a step can
+    fall into one column: the cell shows ``+N`` (N jobs in it) and the legend says how many jobs
+    have no column of their own, so no job disappears silently.  The last line is the legend.
     """
     schedule = sim.schedule
     labels = {(t.rank, t.index): str(schedule.to_action(t.rank, t.job))
@@ -79,11 +85,12 @@ def ascii_grid(sim: SimResult, width: Optional[int] = None) -> str:
     cell = max([len(s) for s in labels.values()] + [2])
     step = _time_step(sim)
     prefix = f"rank {schedule.pp - 1:>{len(str(schedule.pp - 1))}} |"
+    band_columns = None
     if width is not None:
         check_positive_int("width", width)
-        columns_fit = max(1, (width - len(prefix) + 1) // (cell + 1))
-        if sim.makespan / step > columns_fit:
-            step = _round_step_up(sim.makespan / columns_fit)
+        band_columns = max(1, (width - len(prefix) + 1) // (cell + 1))
+        if sim.makespan / step > band_columns * MAX_GRID_BANDS:
+            step = _round_step_up(sim.makespan / (band_columns * MAX_GRID_BANDS))
 
     def cell_of(time: float) -> int:  # round half up: monotone, so no two jobs share a cell
         return int(math.floor(time / step + 0.5 + 1e-9))
@@ -93,9 +100,7 @@ def ascii_grid(sim: SimResult, width: Optional[int] = None) -> str:
         return range(first, max(first + 1, cell_of(t.end)))
 
     columns = max([1] + [cells_of(t).stop for row in sim.timeline for t in row])
-    lines = [f"time step {step:g} per column, makespan {sim.makespan:g} "
-             f"({schedule.name} pp={schedule.pp} vpp={schedule.vpp} m={schedule.m})"]
-    hidden = 0
+    grid, hidden = [], 0
     for rank in range(schedule.pp):
         occupants: List[List[str]] = [[] for _ in range(columns)]
         for t in sim.timeline[rank]:
@@ -103,14 +108,24 @@ def ascii_grid(sim: SimResult, width: Optional[int] = None) -> str:
                 occupants[col].append(labels[(t.rank, t.index)])
         shown = {jobs[0] for jobs in occupants if len(jobs) == 1}
         hidden += sum(1 for t in sim.timeline[rank] if labels[(t.rank, t.index)] not in shown)
-        cells = ["." if not jobs else jobs[0] if len(jobs) == 1 else f"+{len(jobs)}"
-                 for jobs in occupants]
-        lines.append(f"rank {rank:>{len(str(schedule.pp - 1))}} |"
-                     + " ".join(c.ljust(cell) for c in cells).rstrip())
+        grid.append(["." if not jobs else jobs[0] if len(jobs) == 1 else f"+{len(jobs)}"
+                     for jobs in occupants])
+    band_columns = band_columns or columns
+    bands = [range(first, min(first + band_columns, columns))
+             for first in range(0, columns, band_columns)]
+    lines = [f"time step {step:g} per column, makespan {sim.makespan:g} "
+             f"({schedule.name} pp={schedule.pp} vpp={schedule.vpp} m={schedule.m})"
+             + (f", {len(bands)} bands of {band_columns} columns" if len(bands) > 1 else "")]
+    for band in bands:
+        if len(bands) > 1:
+            lines.append(f"t {band.start * step:g} to {band.stop * step:g}")
+        for rank in range(schedule.pp):
+            lines.append(f"rank {rank:>{len(str(schedule.pp - 1))}} |"
+                         + " ".join(grid[rank][col].ljust(cell) for col in band).rstrip())
     legend = ("legend: cell = {stage}{op}{micro-batch}, stage = global virtual stage; "
               "F forward, B backward, I backward_b (input grad), W backward_w (weight grad); "
               ". idle")
-    if any(c.startswith("+") for line in lines[1:] for c in line.split("|", 1)[1].split()):
+    if any(c.startswith("+") for row in grid for c in row):
         jobs = sum(len(row) for row in sim.timeline)
         legend += (f"; +N: N jobs shorter than the time step in one column ({hidden} of {jobs} "
                    f"jobs have no column of their own; a larger width shows them)")
