@@ -7,6 +7,7 @@ result in a :class:`Schedule`.
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -63,8 +64,19 @@ def get_spec(name: str) -> ScheduleSpec:
     canonical = _LOOKUP.get(name.lower())
     if canonical is None:
         known = ", ".join(sorted(_LOOKUP))
-        raise ValueError(f"unknown schedule {name!r}; known names (case-insensitive): {known}")
+        raise ValueError(f"unknown schedule {name!r}{_did_you_mean(name)}; known names "
+                         f"(case-insensitive): {known}")
     return _REGISTRY[canonical]
+
+
+def _did_you_mean(name: str) -> str:
+    """``" (did you mean 'ZBH1'?)"`` naming the schedules whose names or aliases are closest to
+    a misspelled one; empty when none is close."""
+    close = difflib.get_close_matches(name.lower(), list(_LOOKUP), n=5, cutoff=0.6)
+    names = list(dict.fromkeys(_LOOKUP[key] for key in close))[:3]
+    if not names:
+        return ""
+    return " (did you mean " + " or ".join(repr(n) for n in names) + "?)"
 
 
 def accepted_options(name: str, options: dict) -> dict:

@@ -31,6 +31,9 @@ __all__ = ["ascii_grid", "chrome_trace", "plot_timeline", "to_csv", "from_csv", 
 OP_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
 _OP_NAMES = {"F": FORWARD, "B": BACKWARD, "I": BACKWARD_B, "W": BACKWARD_W}
 _MAX_GRID_COLUMNS = 2000
+#: with a width, at most this many bands of columns before the time step grows (a grid taller
+#: than this is no longer read as one picture)
+MAX_GRID_BANDS = 6
 
 
 # --------------------------------------------------------------------------- ASCII grid
@@ -67,42 +70,77 @@ def ascii_grid(sim: SimResult, width: Optional[int] = None) -> str:
     Each row is a rank, each column one time step (the gcd of the job durations, or the shortest
     job's duration when the gcd is too fine; start and end times are rounded to it, so every job
     keeps at least one cell of its own); a cell holds the short form
-    ``{stage}{op}{mb}`` of the job running then, ``.`` when the rank is idle.  With ``width``
-    (characters per line) the step grows until the grid fits; jobs shorter than that step can
-    then hide each other.  The last line is a legend.
+    ``{stage}{op}{mb}`` of the job running then, ``.`` when the rank is idle.
+
+    With ``width`` (characters per line) a grid too wide for one line is cut into bands of
+    consecutive columns, one under the other, each headed by its time range; beyond
+    :data:`MAX_GRID_BANDS` bands the time step grows to a round number (1, 1.2, 1.5, 2, 2.5, 3,
+    4, 5, 6, 8 times a power of ten) until that many suffice.  Jobs shorter than such a step can
+    fall into one column: the cell shows ``+N`` (N jobs in it) and the legend says how many jobs
+    have no column of their own, so no job disappears silently.  The last line is the legend.
     """
     schedule = sim.schedule
     labels = {(t.rank, t.index): str(schedule.to_action(t.rank, t.job))
               for row in sim.timeline for t in row}
-    cell = max([len(s) for s in labels.values()] + [1])
+    cell = max([len(s) for s in labels.values()] + [2])
     step = _time_step(sim)
     prefix = f"rank {schedule.pp - 1:>{len(str(schedule.pp - 1))}} |"
+    band_columns = None
     if width is not None:
         check_positive_int("width", width)
-        columns_fit = max(1, (width - len(prefix)) // (cell + 1))
-        if sim.makespan / step > columns_fit:
-            step = sim.makespan / columns_fit
+        band_columns = max(1, (width - len(prefix) + 1) // (cell + 1))
+        if sim.makespan / step > band_columns * MAX_GRID_BANDS:
+            step = _round_step_up(sim.makespan / (band_columns * MAX_GRID_BANDS))
 
     def cell_of(time: float) -> int:  # round half up: monotone, so no two jobs share a cell
         return int(math.floor(time / step + 0.5 + 1e-9))
 
-    columns = max([1] + [max(cell_of(t.end), cell_of(t.start) + 1)
-                         for row in sim.timeline for t in row])
-    lines = [f"time step {step:g} per column, makespan {sim.makespan:g} "
-             f"({schedule.name} pp={schedule.pp} vpp={schedule.vpp} m={schedule.m})"]
+    def cells_of(t) -> range:
+        first = cell_of(t.start)
+        return range(first, max(first + 1, cell_of(t.end)))
+
+    columns = max([1] + [cells_of(t).stop for row in sim.timeline for t in row])
+    grid, hidden = [], 0
     for rank in range(schedule.pp):
-        cells = ["."] * columns
+        occupants: List[List[str]] = [[] for _ in range(columns)]
         for t in sim.timeline[rank]:
-            first = cell_of(t.start)
-            last = max(first + 1, cell_of(t.end))
-            for col in range(first, min(last, columns)):
-                cells[col] = labels[(t.rank, t.index)]
-        lines.append(f"rank {rank:>{len(str(schedule.pp - 1))}} |"
-                     + " ".join(c.ljust(cell) for c in cells).rstrip())
-    lines.append("legend: cell = {stage}{op}{micro-batch}, stage = global virtual stage; "
-                 "F forward, B backward, I backward_b (input grad), W backward_w (weight grad); "
-                 ". idle")
+            for col in cells_of(t):
+                occupants[col].append(labels[(t.rank, t.index)])
+        shown = {jobs[0] for jobs in occupants if len(jobs) == 1}
+        hidden += sum(1 for t in sim.timeline[rank] if labels[(t.rank, t.index)] not in shown)
+        grid.append(["." if not jobs else jobs[0] if len(jobs) == 1 else f"+{len(jobs)}"
+                     for jobs in occupants])
+    band_columns = band_columns or columns
+    bands = [range(first, min(first + band_columns, columns))
+             for first in range(0, columns, band_columns)]
+    lines = [f"time step {step:g} per column, makespan {sim.makespan:g} "
+             f"({schedule.name} pp={schedule.pp} vpp={schedule.vpp} m={schedule.m})"
+             + (f", {len(bands)} bands of {band_columns} columns" if len(bands) > 1 else "")]
+    for band in bands:
+        if len(bands) > 1:
+            lines.append(f"t {band.start * step:g} to {band.stop * step:g}")
+        for rank in range(schedule.pp):
+            lines.append(f"rank {rank:>{len(str(schedule.pp - 1))}} |"
+                         + " ".join(grid[rank][col].ljust(cell) for col in band).rstrip())
+    legend = ("legend: cell = {stage}{op}{micro-batch}, stage = global virtual stage; "
+              "F forward, B backward, I backward_b (input grad), W backward_w (weight grad); "
+              ". idle")
+    if any(c.startswith("+") for row in grid for c in row):
+        jobs = sum(len(row) for row in sim.timeline)
+        legend += (f"; +N: N jobs shorter than the time step in one column ({hidden} of {jobs} "
+                   f"jobs have no column of their own; a larger width shows them)")
+    lines.append(legend)
     return "\n".join(lines)
+
+
+def _round_step_up(step: float) -> float:
+    """The smallest round number >= ``step``: 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a
+    power of ten (at most 25% coarser than needed, and easy to read off the grid)."""
+    power = 10.0 ** math.floor(math.log10(step))
+    for mantissa in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if mantissa * power >= step * (1 - 1e-9):
+            return float(f"{mantissa * power:.12g}")
+    return 10 * power
 
 
 # --------------------------------------------------------------------------- Chrome trace

@@ -7,8 +7,8 @@ import paddle  # noqa: F401
 
 from pipesplit.job_list import build_schedule  # noqa: E402
 from pipesplit.job_list.simulate import Costs, simulate  # noqa: E402
-from pipesplit.passes.profile import (Profile, build_model, calibrate, parse_memory,  # noqa: E402
-                                      profile_jobs)
+from pipesplit.passes.profile import (Profile, build_model, calibrate,  # noqa: E402
+                                      measure_schedule, parse_memory, profile_jobs)
 from pipesplit.tools.cli import load_schedules, main  # noqa: E402
 
 load_schedules()
@@ -70,12 +70,29 @@ def test_parse_memory():
 
 
 @pytest.fixture(scope="module")
-def calibration():
+def calibrated():
     """Activations dominate: 4 tanh layers per stage, 1024 rows x 64 per micro-batch."""
     model = build_model("mlp", 4, 8, hidden=64, layers_per_stage=4, micro_batch_size=1024)
     profile = profile_jobs(model, 4, 1, 8, measure_time=False)
     records, _ = calibrate(model, 4, 1, 8, profile, ["FThenB", "1F1B", "ZBH1", "ZBH2"], repeats=1)
-    return {r["schedule"]: r for r in records}
+    return model, profile, {r["schedule"]: r for r in records}
+
+
+@pytest.fixture(scope="module")
+def calibration(calibrated):
+    return calibrated[2]
+
+
+def test_memory_measurement_is_repeatable(calibrated):
+    """The same bytes every time (serial executor, GC caught up, peak measured behind the GC
+    thread): a second profile and a second measurement of a schedule give identical figures.
+    1F1B's small peak is the one a lagging GC thread used to move most."""
+    model, profile, records = calibrated
+    again = profile_jobs(model, 4, 1, 8, measure_time=False)
+    assert again.memory == profile.memory
+    for name in ("1F1B", "ZBH1"):
+        record = measure_schedule(model, name, 4, 1, 8, profile, repeats=1)
+        assert record["peak_bytes"] == records[name]["peak_bytes"], name
 
 
 def test_measured_memory_ordering(calibration):
@@ -85,9 +102,9 @@ def test_measured_memory_ordering(calibration):
     assert peak["FThenB"] > 1.5 * peak["1F1B"]
     assert peak["ZBH2"] > peak["1F1B"]
     assert peak["ZBH1"] > peak["1F1B"] * 0.9
-    # FThenB's activation-dominated peak: within 20% of the executed order walked with the
-    # measured per-job deltas
-    assert abs(peak["FThenB"] / predicted["FThenB"] - 1) < 0.25, (peak, predicted)
+    # FThenB's activation-dominated peak: within 10% of the executed order walked with the
+    # measured per-job deltas (measured here: 0.7%)
+    assert abs(peak["FThenB"] / predicted["FThenB"] - 1) < 0.10, (peak, predicted)
     # the calibrated simulator's per-rank units order the schedules as measured
     units = {k: v["sim_peak_units"] for k, v in r.items()}
     assert units["1F1B"] <= units["ZBH1"] < units["ZBH2"] < units["FThenB"]
@@ -98,14 +115,14 @@ def test_calibrated_simulator_predicts_measured_memory_ratios(calibration):
     executed one-process order) predicts what each schedule needs beyond 1F1B.
     Differences, not ratios: every measured peak also holds a schedule-independent part
     (parameters' gradients, the feed, one job's temporaries) that the model does not count.
-    Over repeated runs on a loaded 2-core machine the error stayed within +-15% (one run 22%:
-    the profiled w_memory itself varies by about 10% between runs), hence the 25% bound."""
+    The measurement is repeatable (see test_memory_measurement_is_repeatable); the errors are
+    0% (FThenB), 4.5% (ZB-H1) and 3% (ZB-H2), checked against README's 10%."""
     r = calibration
     base_measured, base_predicted = r["1F1B"]["peak_bytes"], r["1F1B"]["serial_peak_bytes_sim"]
     for name in ("FThenB", "ZBH1", "ZBH2"):
         measured = r[name]["peak_bytes"] - base_measured
         predicted = r[name]["serial_peak_bytes_sim"] - base_predicted
-        assert predicted > 0 and abs(measured / predicted - 1) < 0.25, (name, measured, predicted)
+        assert predicted > 0 and abs(measured / predicted - 1) < 0.10, (name, measured, predicted)
 
 
 def test_demo_auto_with_profile_and_memory_limit(capsys):

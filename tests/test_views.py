@@ -108,10 +108,17 @@ def test_ascii_grid_with_latency_and_uneven_costs_keeps_every_job():
 
 
 def test_ascii_grid_width_limits_line_length():
+    """A grid wider than ``width`` is cut into bands of columns; every job keeps its cell."""
     schedule = hand_gpipe(4, 8)
     grid = ascii_grid(simulate(schedule), width=60)
-    assert all(len(line) <= 60 for line in grid.splitlines() if line.startswith("rank"))
-    assert ascii_grid(simulate(schedule)).count("\n") == grid.count("\n")
+    rows = [line for line in grid.splitlines() if line.startswith("rank")]
+    assert rows and all(len(line) <= 60 for line in rows)
+    assert len(rows) == 3 * schedule.pp and "3 bands of 13 columns" in grid.splitlines()[0]
+    assert grid.splitlines()[1] == "t 0 to 13" and "+N" not in grid
+    cells = {c for line in rows for c in line.split("|", 1)[1].split()}
+    assert short_forms(schedule) <= cells
+    single = ascii_grid(simulate(schedule))
+    assert sum(line.startswith("rank") for line in single.splitlines()) == schedule.pp
 
 
 def test_ascii_grid_idle_cells_are_dots():

@@ -18,7 +18,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from pipesplit.tools._console import quiet_paddle
+from pipesplit.tools._console import (Progress, add_quiet_option, prepare_output, quiet_paddle,
+                                      quiet_pipe_main, run_reporting_errors)
 from pipesplit.tools.profile import add_config_options, add_model_options, check_args, model_options
 
 DEFAULTS = dict(model="mlp", hidden=256, layers_per_stage=4, micro_batch_size=512)
@@ -33,25 +34,35 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-repeats", type=int, default=5)
     p.add_argument("--reference", default="1F1B", help="schedule the ratios are taken to")
     p.add_argument("--json", metavar="PATH")
+    add_quiet_option(p)
     return p
 
 
+@quiet_pipe_main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = make_parser().parse_args(argv)
     quiet_paddle()
+    return run_reporting_errors("bench_memory", lambda: _bench(args))
+
+
+def _bench(args) -> int:
     check_args(args, ("pp", "vpp", "m", "hidden", "layers_per_stage", "micro_batch_size",
                       "repeats", "profile_repeats"))
+    prepare_output(args.json, "--json")
     from pipesplit.passes.profile import (build_model, calibrate, calibration_table,
                                           format_bytes, profile_jobs)
 
     model = build_model(args.model, args.pp * args.vpp, args.m, **model_options(args))
-    profile = profile_jobs(model, args.pp, args.vpp, args.m, repeats=args.profile_repeats)
+    profiling = Progress("bench_memory: profiling", quiet=args.quiet)
+    profile = profile_jobs(model, args.pp, args.vpp, args.m, repeats=args.profile_repeats,
+                           log=profiling.log)
     print(f"{args.model} hidden={args.hidden} layers/stage={args.layers_per_stage} "
           f"micro-batch={args.micro_batch_size}: pp={args.pp} vpp={args.vpp} m={args.m}")
     print(profile.table())
     names = [n.strip() for n in args.schedules.split(",")] if args.schedules else None
+    running = Progress("bench_memory: one step per schedule", quiet=args.quiet)
     records, refused = calibrate(model, args.pp, args.vpp, args.m, profile, names,
-                                 repeats=args.repeats)
+                                 repeats=args.repeats, log=running.log)
     print()
     print(calibration_table(records, args.reference))
     for name, reason in refused:

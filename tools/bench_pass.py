@@ -56,6 +56,11 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from pipesplit.tools._console import Progress, add_quiet_option, prepare_output, quiet_pipe_main
+
+#: what (a) and (c) aim for: ours / Paddle's pass time, and step time / the unsplit baseline
+PASS_RATIO_TARGET = 0.5
+STEP_RATIO_TARGET = 1.05
 PASS_ATTRS = {"num_micro_batches": 4, "pp_degree": 1, "vpp_degree": 4, "split_backward": False}
 NUM_CHUNKS = 4
 
@@ -233,10 +238,12 @@ def bench_pass_time(reps: int, layers_per_stage: int = 8, optimizer: str = "adam
     return res
 
 
-def bench_per_op(sizes: List[int], reps: int, with_paddle: bool = True) -> dict:
+def bench_per_op(sizes: List[int], reps: int, with_paddle: bool = True,
+                 on_size: Callable[[str], None] = lambda _: None) -> dict:
     from pipesplit.ir_utils import build_mlp
     rows = []
     for lps in sizes:
+        on_size(f"(b) pass time per op, {lps} layers per chunk")
         model = build_mlp(NUM_CHUNKS, layers_per_stage=lps, optimizer="adam")
         n = len(model.main.global_block().ops)
         ours, theirs = [], []
@@ -382,6 +389,23 @@ def _fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+def target_status(value: Optional[float], target: float) -> str:
+    """``"target <= 0.5: met"`` or ``"target <= 0.5: MISSED"`` for a ratio and its target."""
+    if value is None or not math.isfinite(value):
+        return f"target <= {target:g}: not measured"
+    return f"target <= {target:g}: {'met' if value <= target else 'MISSED'}"
+
+
+def targets(r: dict) -> dict:
+    """Each target with its value and whether this run met it."""
+    out = {}
+    for key, value, target in (("pass_ratio", r["pass_time"]["ratio"], PASS_RATIO_TARGET),
+                               ("step_ratio", r["step"]["step_ratio"], STEP_RATIO_TARGET)):
+        out[key] = {"value": value, "target": target,
+                    "met": value is not None and math.isfinite(value) and value <= target}
+    return out
+
+
 def print_report(r: dict) -> None:
     a = r["pass_time"]
     print(f"== (a) pass time: {a['model']}, {a['ops']} ops, attrs {a['attrs']}, "
@@ -390,8 +414,9 @@ def print_report(r: dict) -> None:
     print(f"  {'ours: apply_pipeline on the raw program (end to end)':58s} {a['ours_ms']:10.1f}")
     print(f"  {'paddle VPP pass .apply on a completed clone':58s} {_fmt(a['paddle_vpp_ms']):>10s}")
     print(f"  {'  (untimed prep: clone + complete_program)':58s} {_fmt(a['paddle_prep_ms']):>10s}")
-    print(f"  ratio ours / paddle = {_fmt(a['ratio'], '.2f')}   "
-          f"(vs paddle + prep: {_fmt(a['ratio_vs_paddle_plus_prep'], '.2f')}; target <= 0.5)")
+    print(f"  ratio ours / paddle = {_fmt(a['ratio'], '.2f')}, "
+          f"{target_status(a['ratio'], PASS_RATIO_TARGET)}   "
+          f"(vs paddle + prep: {_fmt(a['ratio_vs_paddle_plus_prep'], '.2f')})")
     print(f"  paddle pass on the raw (uncompleted) program: {a['paddle_on_raw_program']}")
     if a.get("paddle_error"):
         print(f"  paddle pass error: {a['paddle_error']}")
@@ -424,8 +449,9 @@ def print_report(r: dict) -> None:
     print(f"  {'run':18s} {'median ms':>10s} {'/ baseline':>10s}")
     for k, v in c["median_ms"].items():
         print(f"  {k:18s} {v:10.1f} {c['ratios_vs_baseline'][k]:10.3f}")
-    print(f"  step_ratio (ours / baseline) = {c['step_ratio']:.3f} (paired median "
-          f"{c['step_ratio_paired_median']:.3f}; target <= 1.05)\n"
+    print(f"  step_ratio (ours / baseline) = {c['step_ratio']:.3f}, "
+          f"{target_status(c['step_ratio'], STEP_RATIO_TARGET)} (paired median "
+          f"{c['step_ratio_paired_median']:.3f})\n"
           f"  vs baseline_plan = {c['step_ratio_vs_baseline_plan']:.3f} (paired median "
           f"{c['step_ratio_vs_baseline_plan_paired_median']:.3f}); jobs: ours {c['ours_jobs']} "
           f"({c['ours_compute_jobs']} compute), paddle {c.get('paddle_jobs', '-')}")
@@ -438,9 +464,16 @@ def print_report(r: dict) -> None:
           f"compute job)")
     for k, v in c["explained"].items():
         print(f"    {k:52s} {v:8.2f} ms")
+    missed = [k for k, t in r["targets"].items() if not t["met"]]
+    print("targets: " + ("all met" if not missed else
+                         "MISSED " + ", ".join(f"{k} {r['targets'][k]['value']:.3f} > "
+                                               f"{r['targets'][k]['target']:g}" for k in missed)))
 
 
-def run(quick: bool = False, reps: Optional[int] = None) -> dict:
+def run(quick: bool = False, reps: Optional[int] = None, progress=None) -> dict:
+    """Every measurement; ``progress`` (a :class:`~pipesplit.tools._console.Progress`) hears of
+    each phase."""
+    say = progress.step if progress is not None else (lambda _: None)
     os.environ.setdefault("GLOG_minloglevel", "2")
     import warnings
     warnings.filterwarnings("ignore")
@@ -457,25 +490,37 @@ def run(quick: bool = False, reps: Optional[int] = None) -> dict:
         lps = 8
     t0 = time.perf_counter()
     result = {"quick": quick, "paddle_version": paddle.__version__, "cpu_count": os.cpu_count()}
+    if progress is not None:
+        progress.total = 2 + len(sizes)
+    say(f"(a) pass time, ours vs Paddle's VPP pass, {pass_reps} reps")
     result["pass_time"] = bench_pass_time(pass_reps, layers_per_stage=lps)
-    result["per_op"] = bench_per_op(sizes, size_reps, with_paddle=True)
+    result["per_op"] = bench_per_op(sizes, size_reps, with_paddle=True, on_size=say)
+    say(f"(c) one training step vs the unsplit program, {step_reps} reps")
     result["step"] = bench_step(step_reps, probe_reps=probe_reps, **step_cfg)
     result["ours_ms"] = result["pass_time"]["ours_ms"]
     result["paddle_vpp_ms"] = result["pass_time"]["paddle_vpp_ms"]
     result["ratio"] = result["pass_time"]["ratio"]
     result["per_op_us"] = result["per_op"]["per_op_us"]
     result["step_ratio"] = result["step"]["step_ratio"]
+    result["targets"] = targets(result)
     result["wall_s"] = time.perf_counter() - t0
     return result
 
 
+@quiet_pipe_main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (smoke test)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions for (a) and (c)")
+    add_quiet_option(ap)
     args = ap.parse_args(argv)
-    result = run(args.quick, args.reps)
+    try:
+        prepare_output(args.json, "--json")
+    except ValueError as exc:
+        print(f"bench_pass: error: {exc}", file=sys.stderr)
+        return 2
+    result = run(args.quick, args.reps, Progress("bench_pass", quiet=args.quiet))
     print_report(result)
     if args.json:
         with open(args.json, "w") as f:

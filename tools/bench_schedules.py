@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from pipesplit.tools._console import Progress, add_quiet_option, prepare_output, quiet_pipe_main
+
 COST_MODELS = (
     ("1,2,1,1", (1.0, 2.0, 1.0, 1.0), 0.0),
     ("1,1,.5,.5", (1.0, 1.0, 0.5, 0.5), 0.0),
@@ -79,11 +81,12 @@ def _config_rows(names: Sequence[str], pp: int, vpp: int, m: int,
 
 def run(schedules: Optional[Sequence[str]] = None, pps: Sequence[int] = PP_VALUES,
         vpps: Sequence[int] = VPP_VALUES, validate_each: bool = False,
-        jobs: Optional[int] = None) -> List[dict]:
+        jobs: Optional[int] = None, progress=None) -> List[dict]:
     """One dict per (config, schedule); refused configs carry ``error`` instead of numbers.
 
     ``jobs`` worker processes share the configurations (default: the CPU count, at most 8;
-    1 runs in this process)."""
+    1 runs in this process).  ``progress`` (a :class:`~pipesplit.tools._console.Progress`)
+    hears of every finished configuration."""
     from pipesplit.job_list import get_spec, schedule_names
     from pipesplit.tools.cli import load_schedules
 
@@ -91,15 +94,28 @@ def run(schedules: Optional[Sequence[str]] = None, pps: Sequence[int] = PP_VALUE
     names = [get_spec(n).name for n in schedules] if schedules else schedule_names()
     configs = [(pp, vpp, m) for pp in pps for vpp in vpps for m in m_values(pp)]
     jobs = min(8, os.cpu_count() or 1) if jobs is None else jobs
+    if progress is not None:
+        progress.total = len(configs)
+
+    def done(pp, vpp, m):
+        if progress is not None:
+            progress.step(f"pp={pp} vpp={vpp} m={m}")
+
     if jobs <= 1 or len(configs) == 1:
-        chunks = [_config_rows(names, *c, validate_each) for c in configs]
+        chunks = []
+        for c in configs:
+            chunks.append(_config_rows(names, *c, validate_each))
+            done(*c)
     else:
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         # biggest configs first so the pool ends evenly
         order = sorted(range(len(configs)), key=lambda i: -configs[i][0] * configs[i][1] * configs[i][2])
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {i: pool.submit(_config_rows, names, *configs[i], validate_each) for i in order}
+            index = {future: i for i, future in futures.items()}
+            for future in as_completed(index):
+                done(*configs[index[future]])
             chunks = [futures[i].result() for i in range(len(configs))]
     return [row for chunk in chunks for row in chunk]
 
@@ -170,6 +186,7 @@ def _int_list(text: str) -> List[int]:
     return values
 
 
+@quiet_pipe_main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipesplit.tools.bench_schedules",
                                      description=__doc__.strip().splitlines()[0])
@@ -181,12 +198,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--validate", action="store_true", help="also validate every schedule")
     parser.add_argument("--jobs", "-j", type=int, default=None,
                         help="worker processes (default: CPU count, at most 8; 1 = serial)")
+    add_quiet_option(parser)
     args = parser.parse_args(argv)
     names = [n for item in args.schedules or [] for n in item.split(",") if n.strip()] or None
     started = time.perf_counter()
     try:
-        rows = run(names, args.pp, args.vpp, args.validate, args.jobs)
-    except ValueError as exc:  # unknown schedule name
+        prepare_output(args.json, "--json")
+        rows = run(names, args.pp, args.vpp, args.validate, args.jobs,
+                   progress=Progress("bench_schedules", quiet=args.quiet))
+    except ValueError as exc:  # unknown schedule name, bad --json path
         print(f"bench_schedules: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     print(report(rows))

@@ -30,6 +30,9 @@ import pkgutil
 import sys
 from typing import List, Optional, Sequence, Tuple
 
+from pipesplit.tools._console import (DEFAULT_WIDTH, HelpFormatter, exit_quietly_on_closed_pipe,
+                                      grid_width, prepare_output)
+
 PROG = "pipesplit"
 #: subcommands that live in their own module and are imported only when invoked
 LAZY_COMMANDS = {
@@ -48,6 +51,10 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports errors as one line (no usage block) through :class:`CliError`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):  # noqa: D401 - argparse API
         where = self.prog[len(PROG):].strip()
@@ -207,7 +214,7 @@ def cmd_show(args) -> int:
     n = summary_numbers(sim)
     print(schedule)
     print()
-    print(ascii_grid(sim, width=args.width))
+    print(ascii_grid(sim, width=grid_width(args.width)))
     print()
     print(f"makespan {_fmt(n['makespan'])}  lower bound {_fmt(n['lower_bound'])}  "
           f"ratio {n['ratio']:.3f}  bubble {n['bubble']:.1%}")
@@ -271,6 +278,7 @@ def cmd_compare(args) -> int:
 def cmd_trace(args) -> int:
     from pipesplit.job_list.views import chrome_trace
 
+    _checked_output(args.output)
     _, sim = _simulated(args)
     text = json.dumps(chrome_trace(sim))
     if args.output in (None, "-"):
@@ -286,10 +294,19 @@ def cmd_trace(args) -> int:
 def cmd_plot(args) -> int:
     from pipesplit.job_list.views import plot_timeline
 
+    _checked_output(args.output)
     _, sim = _simulated(args)
     plot_timeline(sim, args.output)
     print(f"wrote {args.output}")
     return 0
+
+
+def _checked_output(path: Optional[str]) -> None:
+    """Parent folders of ``-o`` created before any work (a bad path is a usage error)."""
+    try:
+        prepare_output(path, "-o")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _print_table(rows: Sequence[Sequence[str]]) -> None:
@@ -305,8 +322,8 @@ def _print_table(rows: Sequence[Sequence[str]]) -> None:
 def _add_config(p: argparse.ArgumentParser, need_schedule: bool = True) -> None:
     if need_schedule:
         p.add_argument("--schedule", "-s", required=True, help="schedule name or alias (case-insensitive)")
-    p.add_argument("--pp", type=_positive_int, default=4, help="pipeline ranks (default 4)")
-    p.add_argument("--vpp", type=_positive_int, default=1, help="chunks per rank (default 1)")
+    p.add_argument("--pp", type=_positive_int, default=4, help="pipeline ranks")
+    p.add_argument("--vpp", type=_positive_int, default=1, help="chunks per rank")
     p.add_argument("-m", "--micro-batches", dest="m", type=_positive_int, default=None,
                    help="micro-batches (default 2*pp)")
     p.add_argument("--split-backward", action="store_true",
@@ -322,6 +339,7 @@ def _add_config(p: argparse.ArgumentParser, need_schedule: bool = True) -> None:
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="pipesplit: pipeline-parallel schedules for Paddle "
                      "static graphs.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     sched = commands.add_parser("schedule", help="inspect, export, compare and draw schedules")
     actions = sched.add_subparsers(dest="action", metavar="ACTION")
@@ -329,7 +347,9 @@ def make_parser() -> argparse.ArgumentParser:
     show = actions.add_parser("show", help="job lists, ASCII grid, makespan / bubble / memory")
     _add_config(show)
     show.add_argument("--width", type=_positive_int, default=None,
-                      help="squeeze the grid into this many characters per line")
+                      help="characters per grid line; the time step grows until a line fits "
+                           f"(default: the terminal's width, {DEFAULT_WIDTH} when stdout is not "
+                           "a terminal)")
     export = actions.add_parser("export", help="CSV (PyTorch format) or JSON to stdout")
     _add_config(export)
     export.add_argument("--format", choices=("csv", "json"), default="csv")
@@ -368,9 +388,24 @@ def _run_lazy(name: str, argv: List[str]) -> int:
     return int(result or 0)
 
 
+def version() -> str:
+    """pipesplit's version: ``pipesplit.__version__`` (the same as the installed metadata)."""
+    import pipesplit
+
+    return pipesplit.__version__
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``pipesplit`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with exit_quietly_on_closed_pipe():
+            return _main(argv)
+    except SystemExit as exc:  # closed pipe
+        return exc.code if isinstance(exc.code, int) else 0
+
+
+def _main(argv: List[str]) -> int:
     if argv and argv[0] in LAZY_COMMANDS:
         return _run_lazy(argv[0], argv[1:])
     debug = os.environ.get("PIPESPLIT_DEBUG") == "1"
@@ -391,6 +426,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return exc.code
+    except BrokenPipeError:  # stdout closed by its reader: handled by main
+        raise
     except (ValueError, TypeError, OSError, ImportError) as exc:
         if debug:
             raise

@@ -12,39 +12,47 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from pipesplit.tools._console import quiet_paddle, run_reporting_errors
+from pipesplit.tools._console import (HelpFormatter, Progress, add_quiet_option, prepare_output,
+                                      quiet_paddle, run_reporting_errors)
 
-DEFAULTS = dict(schedule="ZBVPP", pp=2, vpp=2, m=4, steps=3, model="gpt")
+DEFAULTS = dict(schedule="ZBVPP", pp=2, vpp=None, m=4, steps=3, model="gpt")
+#: chunks per rank when --vpp is not given: interleave this many where the schedule can
+PREFERRED_VPP = 2
+#: how the parser's options are spelled on the command line, for error messages
+_FLAGS = {"m": "-m"}
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pipesplit demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="pipesplit demo",
+                                description=__doc__.splitlines()[0].replace("``", ""),
+                                formatter_class=HelpFormatter)
     p.add_argument("--schedule", default=DEFAULTS["schedule"], help="schedule name (any registered)")
     p.add_argument("--pp", type=int, default=DEFAULTS["pp"], help="pipeline ranks (emulated)")
-    p.add_argument("--vpp", type=int, default=DEFAULTS["vpp"], help="chunks per rank")
+    p.add_argument("--vpp", type=int, default=DEFAULTS["vpp"],
+                   help=f"chunks per rank (default: {PREFERRED_VPP} where the schedule serves "
+                        f"it, else 1, e.g. 1 for ZBH1 / ZBH2)")
     p.add_argument("-m", "--micro-batches", dest="m", type=int, default=DEFAULTS["m"],
                    help="micro-batches per step")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
-    p.add_argument("--model", choices=("gpt", "mlp"), default=DEFAULTS["model"])
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps")
+    p.add_argument("--model", choices=("gpt", "mlp"), default=DEFAULTS["model"],
+                   help="the small GPT or an MLP (pipesplit.ir_utils.build_gpt / build_mlp)")
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"), default="sgd",
-                   help="sgd (default), momentum, adam or adamw (weight decay 0.01); Adam "
-                        "amplifies fp32 rounding of near-zero gradients, so its parameters "
-                        "match the unsplit run to ~1e-5, not 1e-6")
+                   help="adamw uses weight decay 0.01; Adam amplifies fp32 rounding of near-zero "
+                        "gradients, so its parameters match the unsplit run to ~1e-5, not 1e-6")
     p.add_argument("--clip-global-norm", type=float, default=None, metavar="X",
                    help="clip gradients to global norm X (paddle.nn.ClipGradByGlobalNorm)")
     p.add_argument("--tied-embeddings", action="store_true",
                    help="gpt: the LM head uses the token embedding's weight")
     p.add_argument("--lr-schedule", choices=("constant", "step", "cosine", "warmup"),
                    default="constant",
-                   help="learning-rate schedule, stepped after every step: constant (default), "
-                        "step (halved every step), cosine (period 4 steps), warmup (linear, 3 "
-                        "steps)")
-    p.add_argument("--layers-per-stage", type=int, default=1)
-    p.add_argument("--hidden", type=int, default=32)
+                   help="learning-rate schedule, stepped after every step: step (halved every "
+                        "step), cosine (period 4 steps), warmup (linear, 3 steps)")
+    p.add_argument("--layers-per-stage", type=int, default=1, help="layers per pipeline stage")
+    p.add_argument("--hidden", type=int, default=32, help="hidden size")
     p.add_argument("--micro-batch-size", type=int, default=2, help="samples per micro-batch")
     p.add_argument("--split-backward", action="store_true",
                    help="split backward into backward_b / backward_w (implied by zero-bubble schedules)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the parameters and the data")
     p.add_argument("--json", metavar="PATH", help="write losses, baseline_losses, max_param_diff")
     p.add_argument("--profile", action="store_true",
                    help="profile the model's jobs first (pipesplit profile) and schedule with the "
@@ -55,15 +63,36 @@ def make_parser() -> argparse.ArgumentParser:
                         "measured activation size per stage per micro-batch) or simulator units "
                         "(a plain number)")
     p.add_argument("--profile-repeats", type=int, default=3,
-                   help="timed runs per profiled plan (with --profile; default 3)")
+                   help="timed runs per profiled plan (with --profile)")
     p.add_argument("--profile-json", metavar="PATH", help="with --profile: write the cost file")
+    add_quiet_option(p)
     return p
 
 
+def flag(name: str) -> str:
+    """The command-line spelling of option ``name`` (``m`` -> ``-m``)."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def default_vpp(schedule: str, pp: int, m: int) -> int:
+    """:data:`PREFERRED_VPP` chunks per rank where ``schedule`` serves them, else 1."""
+    from pipesplit.job_list import get_spec, serves
+    from pipesplit.tools.cli import load_schedules
+
+    load_schedules()
+    name = get_spec(schedule).name  # an unknown name: ValueError with "did you mean"
+    return PREFERRED_VPP if serves(name, pp, PREFERRED_VPP, m) else 1
+
+
 def _check(args) -> None:
-    for name in ("pp", "vpp", "m", "steps", "layers_per_stage", "hidden", "micro_batch_size"):
+    """Checks the numbers and fills in the defaults that follow the schedule (``vpp``)."""
+    for name in ("pp", "m", "steps", "layers_per_stage", "hidden", "micro_batch_size"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise ValueError(f"{flag(name)} must be >= 1, got {getattr(args, name)}")
+    if args.vpp is None:
+        args.vpp = default_vpp(args.schedule, args.pp, args.m)
+    if args.vpp < 1:
+        raise ValueError(f"--vpp must be >= 1, got {args.vpp}")
     clip = getattr(args, "clip_global_norm", None)
     if clip is not None and not clip > 0:
         raise ValueError(f"--clip-global-norm must be > 0, got {clip}")
@@ -117,6 +146,7 @@ def run(args) -> dict:
     from pipesplit.ir_utils import PlanRunner, init_scope, read_params, run_unsplit_baseline
     from pipesplit.job_list.views import ascii_grid
     from pipesplit.passes import apply_pipeline
+    from pipesplit.tools._console import grid_width
 
     model = build_model(args)
     attrs = dict(num_micro_batches=args.m, pp_degree=args.pp, vpp_degree=args.vpp,
@@ -127,11 +157,12 @@ def run(args) -> dict:
     print(f"{pipeline.schedule.name}: pp={args.pp} vpp={args.vpp} m={args.m} "
           f"({args.model}, {len(model.param_names)} parameters, {args.steps} steps, "
           f"all ranks emulated in one process)")
-    # measured costs vary widely: squeeze the grid instead of one column per shortest job
-    print(ascii_grid(sim, width=160) if getattr(args, "profile", False) else ascii_grid(sim))
+    print(ascii_grid(sim, width=grid_width()))
     print(f"simulated makespan {sim.makespan:g}, bubble ratio {sim.bubble_ratio:.3f}, "
           f"peak activations per rank {[round(x, 2) for x in sim.peak_memory]}")
 
+    progress = Progress("pipesplit demo", quiet=getattr(args, "quiet", False))
+    progress.note(f"training {args.steps} steps through the plan, then unsplit")
     scope = init_scope(model, pipeline.split)
     runner = PlanRunner(pipeline.plan, scope, program=model.main)
     with schedule_restored(model):  # the unsplit baseline starts from the same LR
@@ -167,7 +198,11 @@ def _profiled_attrs(args, model) -> dict:
 
         if args.profile_repeats < 1:
             raise ValueError(f"--profile-repeats must be >= 1, got {args.profile_repeats}")
-        profile = profile_jobs(model, args.pp, args.vpp, args.m, repeats=args.profile_repeats)
+        progress = Progress("profiling", quiet=getattr(args, "quiet", False))
+        progress.note(f"timing every job type of {args.pp * args.vpp} stages "
+                      f"(--profile-repeats {args.profile_repeats})")
+        profile = profile_jobs(model, args.pp, args.vpp, args.m, repeats=args.profile_repeats,
+                               log=progress.log)
         print(f"profiled {args.model} in {profile.meta['profile_seconds']:g} s (ms per job, "
               f"one process):")
         print(profile.table())
@@ -192,6 +227,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def body() -> int:
         _check(args)
+        prepare_output(args.json, "--json")
+        prepare_output(args.profile_json, "--profile-json")
         record = run(args)
         if args.json:
             with open(args.json, "w") as f:

@@ -15,7 +15,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from pipesplit.tools._console import quiet_paddle, run_reporting_errors
+from pipesplit.tools._console import (HelpFormatter, Progress, add_quiet_option, prepare_output,
+                                      quiet_paddle, run_reporting_errors)
 
 MODEL_DEFAULTS = dict(model="gpt", hidden=32, layers_per_stage=1, micro_batch_size=2,
                       optimizer="sgd", seed=0)
@@ -55,13 +56,16 @@ def check_args(args, names=("pp", "vpp", "m", "hidden", "layers_per_stage", "mic
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pipesplit profile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="pipesplit profile",
+                                description=__doc__.splitlines()[0].replace("``", ""),
+                                formatter_class=HelpFormatter)
     add_model_options(p)
     add_config_options(p)
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per plan (median; default 5)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per plan (median)")
     p.add_argument("--inner", type=int, default=4,
-                   help="how often the probed job type runs per micro-batch in its plan (default 4)")
+                   help="how often the probed job type runs per micro-batch in its plan")
     p.add_argument("--json", metavar="PATH", help="write the cost file here")
+    add_quiet_option(p)
     return p
 
 
@@ -81,7 +85,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _profile_and_report(args) -> int:
     check_args(args)
-    profile = run_profile(args)
+    prepare_output(args.json, "--json")
+    profile = run_profile(args, log=Progress("pipesplit profile", quiet=args.quiet).log)
     meta = profile.meta
     print(f"{args.model}: pp={args.pp} vpp={args.vpp} m={args.m} ({meta['num_stages']} stages, "
           f"micro-batch {meta['micro_batch_size']}, {args.repeats} repeats, "

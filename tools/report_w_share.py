@@ -174,6 +174,14 @@ def print_report(r: dict) -> None:
     fw = sum(v for k, v in pre["per_type_ms"].items() if k.startswith("forward"))
     print(f"prefix method: forward {fw:.2f} ms, B {tb:.2f} ms, W {tw:.2f} ms, optimizer-only "
           f"plan {pre['optimizer_only_ms']:.2f} ms")
+    odd = [c for c, p in pre["per_chunk"].items() if not 0 <= p["w_share"] <= 1]
+    if odd:
+        print(f"(chunk(s) {', '.join(map(str, odd))}: a time share outside 0-100% is not an "
+              f"error: each B / W time is the difference of two measured step times, so it "
+              f"carries their noise and the executor's per-job overhead; a chunk with almost "
+              f"no B work (chunk 0: the embedding has no input gradient, FLOPs are all W) can "
+              f"get a B time below zero and so a W share above 100%, and its neighbour the "
+              f"opposite.  The all-chunk share and the FLOPs columns are the reliable figures.)")
     mn = t["min"]
     print(f"same from the fastest rep of each plan (less load noise): W share prefix "
           f"{mn['prefix']['w_share']:.1%}, removal {mn['removal']['w_share']:.1%}; per chunk "

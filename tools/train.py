@@ -29,7 +29,10 @@ import traceback
 from typing import Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # the script's folder would shadow modules (tools/profile.py the standard library's
+    # profile); pipesplit itself is imported from the installation
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 
 EXIT_HANG = 3
 EXIT_ERROR = 2
@@ -120,6 +123,19 @@ def _exchange(rank, world, key, payload: dict, gather_to: Optional[int]):
     return [json.loads(bytes(store.get(f"pipesplit/{key}/{r}")).decode()) for r in range(world)]
 
 
+#: what Paddle's error says when a gloo peer's connection closes: the C++ type and nothing else
+_BARE_CPP_ERRORS = ("", "std::exception")
+
+
+def _reason(exc: BaseException) -> str:
+    """The error's text, or what it means where Paddle passes on only a bare C++ type name."""
+    text = " ".join(str(exc).split())[:2000]
+    if text in _BARE_CPP_ERRORS:
+        return ("the connection to its peer broke without an error message (the peer's "
+                "process probably ended; see that rank's log)")
+    return text
+
+
 def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Optional[dict]:
     """Train on this rank; on the last rank return the demo's record plus ``params`` (every
     rank's parameters, gathered) and ``loss_rank``; ``None`` on the other ranks.  ``tag``
@@ -179,8 +195,7 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
                 try:
                     out = runner.step(feed)
                 except Exception as exc:  # gloo timeout, peer gone ...
-                    message = watchdog.report("failed")
-                    raise RuntimeError(f"{message}: {' '.join(str(exc).split())[:2000]}") from exc
+                    raise RuntimeError(f"{watchdog.report('failed')}: {_reason(exc)}") from exc
                 watchdog.end()
                 if model.lr_scheduler is not None:
                     model.lr_scheduler.step()
@@ -197,7 +212,7 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
     payload = {"rank": rank, "losses": losses if info.fetch_names else None,
                "params": {n: np.asarray(v).tolist() for n, v in params.items()}}
     gathered = _exchange(rank, world, tag, payload, gather_to=world - 1)
-    record = None
+    record, summary = None, []
     if gathered is not None:
         holder = next(g for g in gathered if g["losses"] is not None)
         all_params = {n: np.asarray(v, np.float32) for g in gathered
@@ -209,16 +224,22 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
                   "max_param_diff": max_diff,
                   "loss_rank": holder["rank"], "world_size": world,
                   "schedule": pipeline.schedule.name, "params": all_params}
-        print(f"{'step':>4}  {'loss (pipeline)':>16}  {'loss (unsplit)':>15}  "
-              f"{'max |diff| per mb':>17}", file=log)
+        summary = [f"{'step':>4}  {'loss (pipeline)':>16}  {'loss (unsplit)':>15}  "
+                   f"{'max |diff| per mb':>17}"]
         for step, (ours, ref) in enumerate(zip(record["losses"], record["baseline_losses"])):
             diff = max(abs(a - b) for a, b in zip(ours, ref))
-            print(f"{step:>4}  {np.mean(ours):>16.7f}  {np.mean(ref):>15.7f}  {diff:>17.2e}",
-                  file=log)
-        print(f"max parameter difference after {args.steps} steps (all ranks): "
-              f"{max_diff:.2e}", file=log, flush=True)
-    # keep the store (hosted by rank 0) alive until the last rank has read it
-    _exchange(rank, world, tag + "/done", {}, gather_to=0)
+            summary.append(f"{step:>4}  {np.mean(ours):>16.7f}  {np.mean(ref):>15.7f}  "
+                           f"{diff:>17.2e}")
+        summary.append(f"max parameter difference after {args.steps} steps (all ranks): "
+                       f"{max_diff:.2e}")
+        print("\n".join(summary), file=log, flush=True)
+    # keep the store (hosted by rank 0) alive until the last rank has read it; the last rank's
+    # summary travels with it, since the launcher shows only rank 0's output on the console
+    done = _exchange(rank, world, tag + "/done", {"summary": summary},
+                     gather_to=0)
+    for payload in done or []:
+        if payload.get("summary") and rank != world - 1:
+            print(f"rank {world - 1} (results):\n" + "\n".join(payload["summary"]), flush=True)
     return record
 
 
