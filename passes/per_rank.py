@@ -218,7 +218,8 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
     -- global-norm clipping's sum of squared norms, a tied weight's sum of gradient
     contributions -- becomes a partial sum of the terms this rank is the first holder of,
     then ``all_reduce_sum`` over the pipeline ranks (every rank meets these sums in the same
-    program order, so the collectives match).  Any other op mixing ranks raises ValueError.
+    program order, so the collectives match; a rank holding none of the terms, such as a
+    middle rank for a tied weight, still takes part with zeros).  Any other op mixing ranks raises ValueError.
     Returns the number of all-reduces inserted."""
     everyone = frozenset(range(pp))
     blk = program.global_block()
@@ -232,6 +233,9 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
     drop = []
     orphans = []
     reductions = 0
+    # the all-reduces stay on every rank, used or not: all pipeline ranks take part in each
+    # (a tied weight's rank-less neighbours too), in program order
+    collectives: Set[int] = set()
     for op in list(blk.ops):
         if op.id() in erased:
             continue
@@ -254,6 +258,7 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
                         if d is not None]
             total = _all_reduced_partial_sum(chain, mine, all_reduce_sum)
             holders[total.id] = everyone
+            collectives.add(total.get_defining_op().id())
             erased.update(o.id() for o in chain)
             for o in reversed(chain):
                 o.erase()
@@ -275,7 +280,7 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
         op.erase()
     while candidates:  # producers left without users (parameters, constants, casts ...)
         oid, op = candidates.pop()
-        if oid in erased or not op.num_results() \
+        if oid in erased or oid in collectives or not op.num_results() \
                 or not all(r.use_empty() for r in op.results()):
             continue
         candidates += producers(op)
