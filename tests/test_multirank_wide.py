@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -189,9 +190,14 @@ def test_stuck_rank_is_reported_with_four_ranks(tmp_path):
                           "--fail-at", "0:1:hang", "--watchdog", "5"], tmp_path, timeout=120,
                          nproc=4)
     assert proc.returncode != 0
-    assert "rank 1 no progress for 5 s in step 1, waiting in recv_forward0 micro-batch 0 " \
-           "with rank 0" in logs[1], logs[1][-2000:]
-    for r in (2, 3):
-        assert f"rank {r} no progress for 5 s in step 1, waiting in bystander0_1 micro-batch " \
-               "0: the world-ring broadcast from rank 0 to rank 1 (comm job 1 of" in logs[r], \
-            logs[r][-2000:]
+    # the first watchdog to fire ends its process, whose closed connections then fail the
+    # others' broadcasts: each rank reports either way, naming the same comm job
+    waits = {1: "recv_forward0 micro-batch 0 with rank 0 (comm job 1 of 96",
+             2: "bystander0_1 micro-batch 0: the world-ring broadcast from rank 0 to rank 1 "
+                "(comm job 1 of 96",
+             3: "bystander0_1 micro-batch 0: the world-ring broadcast from rank 0 to rank 1 "
+                "(comm job 1 of 96"}
+    for r, job in waits.items():
+        assert re.search(rf"rank {r} (no progress for 5 s|failed) in step 1, waiting in "
+                         + re.escape(job), logs[r]), logs[r][-2000:]
+    assert any(f"rank {r} no progress for 5 s in step 1" in logs[r] for r in waits)
