@@ -67,6 +67,16 @@ class Transfer:
         return any(s < 0 for s in self.shape)
 
 
+def handoff_type(shape: Sequence[int], dtype):
+    """The PIR type of a handoff of ``shape`` (-1 for a dimension known at run time) and
+    ``dtype``: rebuilds a :class:`Transfer` from a description another rank published (the
+    world-ring transport needs every exchange's transfers on every rank)."""
+    prog = paddle.pir.Program()
+    with paddle.static.program_guard(prog):
+        return paddle.static.data("pipesplit_handoff_type", [int(s) for s in shape],
+                                  dtype).type()
+
+
 def ring_pair(a: int, b: int) -> Tuple[int, int]:
     return (a, b) if a < b else (b, a)
 

@@ -113,6 +113,23 @@ def test_world_ring_clipping_and_tied_weights_reduce_on_every_rank():
     _assert_same_collectives([_collectives(p) for p in plans])
 
 
+def test_world_ring_comm_from_published_transfers():
+    """What another rank publishes (name, shape, dtype, ends, stages) is enough to build the
+    bystander program of its exchange: the engine path's ranks only see their own handoffs."""
+    from pipesplit.ir_utils.p2p import Transfer, handoff_type, world_ring_comm
+
+    _, plans = _rank_plans("1F1B", 4, 1, 4)
+    theirs = plans[1].rank_info.comm["send_forward0"].transfers
+    rebuilt = [Transfer(t.name, handoff_type(t.shape, t.dtype), t.src, t.dst, t.src_stage,
+                        t.dst_stage) for t in theirs]
+    programs, roles = world_ring_comm([rebuilt, theirs], rank=3)
+    assert roles == ["bystander1_2", "bystander1_2"] and list(programs) == ["bystander1_2"]
+    assert [op.attrs()["root"] for op in programs["bystander1_2"].global_block().ops
+            if op.name() == "pd_op.broadcast_"] == [1] * (len(theirs) + sum(t.is_dynamic for t in theirs))
+    with pytest.raises(ValueError, match="one send / recv pair"):
+        world_ring_comm([theirs + plans[2].rank_info.comm["send_forward0"].transfers], rank=0)
+
+
 def test_bystander_program_needs_transfers():
     from pipesplit.ir_utils.p2p import build_bystander_program
 
