@@ -124,8 +124,9 @@ def test_world_ring_comm_from_published_transfers():
                         t.dst_stage) for t in theirs]
     programs, roles = world_ring_comm([rebuilt, theirs], rank=3)
     assert roles == ["bystander1_2", "bystander1_2"] and list(programs) == ["bystander1_2"]
-    assert [op.attrs()["root"] for op in programs["bystander1_2"].global_block().ops
-            if op.name() == "pd_op.broadcast_"] == [1] * (len(theirs) + sum(t.is_dynamic for t in theirs))
+    roots = [op.attrs()["root"] for op in programs["bystander1_2"].global_block().ops
+             if op.name() == "pd_op.broadcast_"]
+    assert roots == [1] * (len(theirs) + sum(t.is_dynamic for t in theirs))
     with pytest.raises(ValueError, match="one send / recv pair"):
         world_ring_comm([theirs + plans[2].rank_info.comm["send_forward0"].transfers], rank=0)
 
