@@ -5,13 +5,18 @@ writes and a sub-program on another rank reads.  :func:`build_comm_program` buil
 recv sub-program of one comm job from the transfers it carries:
 
 * ``backend="gloo"`` (CPU): Paddle 3.3.1's CPU ``send_v2`` / ``recv_v2`` kernels are stubs that
-  raise, but ``broadcast`` works over gloo.  With two ranks a send / recv pair is a
-  ``pd_op.broadcast_`` rooted at the sender on ring 0; the receiver broadcasts into a buffer
-  (``pd_op.full``) of the handoff's shape.  A handoff with a dynamic dimension (the batch
-  dimension ``-1``) first broadcasts its shape (an int64 vector) and the receiver builds the
-  buffer from it (``pd_op.full_with_tensor``), so no micro-batch size needs to be known when the
-  programs are built.  Only one communicator per process works on CPU (the executor uses the
-  comm context of the first ring it meets for every collective), hence two ranks at most.
+  raise, but ``broadcast`` works over gloo.  A send / recv pair is a ``pd_op.broadcast_``
+  rooted at the sender on ring 0; the receiver broadcasts into a buffer (``pd_op.full``) of the
+  handoff's shape.  A handoff with a dynamic dimension (the batch dimension ``-1``) first
+  broadcasts its shape (an int64 vector) and the receiver builds the buffer from it
+  (``pd_op.full_with_tensor``), so no micro-batch size needs to be known when the programs are
+  built.  Only one communicator per process works on CPU (the executor uses the comm context of
+  the first ring it meets for every collective), so ring 0 is the world ring and every rank
+  takes part in every broadcast: the *world-ring transport* (:func:`world_ring_comm`).  Every
+  rank issues all exchanges of a step in the one global order of
+  :func:`pipesplit.job_list.lower.global_order`; a rank that is neither end of an exchange runs a
+  *bystander* program (:func:`build_bystander_program`) that broadcasts into scratch buffers of
+  the same shapes and drops them.  With two ranks there are no bystanders.
 * ``backend="nccl"`` (GPU): ``pd_op.send_v2`` / ``pd_op.recv_v2`` on a two-rank p2p ring per
   rank pair, on their own execution streams (``send_stream_{ring}`` / ``recv_stream``, as
   Paddle's ``_pir_overlap_send_recv`` sets them), ``dynamic_shape`` only where the handoff has a
@@ -19,8 +24,8 @@ recv sub-program of one comm job from the transfers it carries:
   consumer op) are added with :func:`add_event_dependency`, the attributes Paddle's
   ``PipelinePassBase._add_dependency`` sets.
 
-Every comm program can also bump a persistable progress counter after each transfer
-(``progress_var``): a watchdog reads it to name the comm job a rank is stuck in.
+Every comm program can also bump a persistable progress counter once its transfers are done
+(``progress``): a watchdog reads it to name the comm job a rank is stuck in.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import paddle
 BACKENDS = ("gloo", "nccl")
 CPU_RING_ID = 0
 PROGRESS_VAR = "pipesplit_comm_progress"
+BYSTANDER = "bystander"  # job-type prefix of the world-ring transport's bystander programs
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,16 @@ class Transfer:
     @property
     def is_dynamic(self) -> bool:
         return any(s < 0 for s in self.shape)
+
+
+def handoff_type(shape: Sequence[int], dtype):
+    """The PIR type of a handoff of ``shape`` (-1 for a dimension known at run time) and
+    ``dtype``: rebuilds a :class:`Transfer` from a description another rank published (the
+    world-ring transport needs every exchange's transfers on every rank)."""
+    prog = paddle.pir.Program()
+    with paddle.static.program_guard(prog):
+        return paddle.static.data("pipesplit_handoff_type", [int(s) for s in shape],
+                                  dtype).type()
 
 
 def ring_pair(a: int, b: int) -> Tuple[int, int]:
@@ -147,6 +163,7 @@ def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *
     block = program.global_block()
     place = _place_attr()
     comm_ops = []
+    last = None  # the last transfer's result: the progress counter follows it
     with paddle.static.program_guard(program):
         for t in transfers:
             if rank not in (t.src, t.dst) or t.src == t.dst:
@@ -154,7 +171,7 @@ def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *
                                  f"rank {rank} and another rank")
             sending = t.src == rank
             if backend == "gloo":
-                out = _gloo_transfer(block, t, sending, place, comm_ops)
+                out = _gloo_transfer(block, t, "send" if sending else "recv", place, comm_ops)
             elif t.ring is not None:
                 out = _nccl_transfer(block, t, sending, place, t.ring, comm_ops)
             else:
@@ -162,8 +179,9 @@ def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *
                 if ring_ids is None or pair not in ring_ids:
                     raise ValueError(f"no ring id for rank pair {pair}")
                 out = _nccl_transfer(block, t, sending, place, (ring_ids[pair], pair), comm_ops)
-            if progress and out is not None:
-                _bump_progress(block, out, place)
+            last = out if out is not None else last
+        if progress and last is not None:  # once per comm job: the watchdog counts jobs
+            _bump_progress(block, last, place)
     paddle.pir.set_insertion_point_to_block_end(
         paddle.static.default_main_program().global_block())
     return program, comm_ops
@@ -176,9 +194,74 @@ def _kwarg(block, t: Transfer, place):
     return kw
 
 
-def _gloo_transfer(block, t: Transfer, sending: bool, place, comm_ops):
+def build_bystander_program(transfers: Sequence[Transfer], *, progress: bool = False
+                            ) -> Tuple["paddle.pir.Program", List[object]]:
+    """World-ring transport (gloo): the comm program of a rank that is neither end of the
+    exchange ``transfers`` (the transfers of one send / recv pair, in the order both ends use).
+    It takes part in each of the exchange's broadcasts on ring 0 (the shape broadcast of a
+    dynamic handoff too) into a scratch buffer of the transfer's shape and drops the data.
+    Returns (program, broadcast ops), as :func:`build_comm_program`."""
+    if not transfers:
+        raise ValueError("build_bystander_program needs at least one transfer")
+    program = paddle.pir.Program()
+    block = program.global_block()
+    place = _place_attr()
+    comm_ops = []
+    with paddle.static.program_guard(program):
+        out = None
+        for t in transfers:
+            out = _gloo_transfer(block, t, "bystander", place, comm_ops)
+        if progress:
+            _bump_progress(block, out, place)
+    paddle.pir.set_insertion_point_to_block_end(
+        paddle.static.default_main_program().global_block())
+    return program, comm_ops
+
+
+def bystander_job_type(transfers: Sequence[Transfer]) -> str:
+    """Job type of the bystander program of an exchange: ``bystander{src stage}_{dst stage}``
+    (one exchange per pair of adjacent stages and direction carries the same transfers)."""
+    first = transfers[0]
+    return f"{BYSTANDER}{first.src_stage}_{first.dst_stage}"
+
+
+def world_ring_comm(exchanges: Sequence[Sequence[Transfer]], rank: int, *,
+                    progress: bool = False
+                    ) -> Tuple[Dict[str, "paddle.pir.Program"], List[Optional[str]]]:
+    """The world-ring transport (gloo, any number of ranks) of ``rank`` for one step.
+
+    ``exchanges``: every send / recv pair of the step in the one global order all ranks issue
+    them (:func:`pipesplit.job_list.lower.global_order`: a send directly followed by its recv),
+    each as the transfers it carries, in the order both ends use.  Each transfer is a
+    ``pd_op.broadcast_`` on ring 0 rooted at its sender in which every rank takes part: the two
+    ends run their send / recv programs (:func:`build_comm_program`), every other rank the
+    exchange's bystander program at the same point of the order, so the collectives of all
+    ranks match one for one.  Returns (bystander programs by job type, and per exchange the
+    bystander job type ``rank`` runs for it, None where ``rank`` is an end or the exchange
+    carries nothing)."""
+    programs: Dict[str, "paddle.pir.Program"] = {}
+    roles: List[Optional[str]] = []
+    for transfers in exchanges:
+        transfers = list(transfers)
+        ends = {(t.src, t.dst) for t in transfers}
+        if len(ends) > 1:
+            raise ValueError(f"an exchange is one send / recv pair; got transfers between "
+                             f"{sorted(ends)}")
+        if not transfers or rank in next(iter(ends)):
+            roles.append(None)
+            continue
+        job_type = bystander_job_type(transfers)
+        if job_type not in programs:
+            programs[job_type] = build_bystander_program(transfers, progress=progress)[0]
+        roles.append(job_type)
+    return programs, roles
+
+
+def _gloo_transfer(block, t: Transfer, role: str, place, comm_ops):
+    """One broadcast rooted at ``t.src``; ``role``: "send", "recv" (the result becomes the
+    persistable handoff) or "bystander" (the result is dropped)."""
     root = t.src
-    if sending:
+    if role == "send":
         x = _kwarg(block, t, place)
         if t.is_dynamic:
             shape = paddle.cast(paddle.shape(x), "int64")
@@ -194,7 +277,8 @@ def _gloo_transfer(block, t: Transfer, sending: bool, place, comm_ops):
         buf = paddle.full(list(t.shape), 0.0, dtype=t.dtype)
     out = paddle._C_ops.broadcast_(buf, CPU_RING_ID, root)
     comm_ops.append(out.get_defining_op())
-    paddle._C_ops.set_persistable_value(out, t.name)
+    if role == "recv":
+        paddle._C_ops.set_persistable_value(out, t.name)
     return out
 
 

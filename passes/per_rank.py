@@ -8,14 +8,18 @@ sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.
 
 * Handoffs crossing from stage ``s`` to ``s+1`` (forward) or ``s`` to ``s-1`` (input gradients)
   between two ranks become p2p transfers in the send / recv sub-programs
-  (:mod:`pipesplit.ir_utils.p2p`: gloo broadcasts on CPU, NCCL send_v2 / recv_v2 on GPU).
+  (:mod:`pipesplit.ir_utils.p2p`: gloo broadcasts on the world ring on CPU, NCCL send_v2 /
+  recv_v2 on GPU).
   Adjacent stages on one rank (the V placement's turn) hand over in memory.
 * The optimizer sub-program keeps only the updates of the parameters this rank's stages use;
   global-norm clipping's squared norm and a tied weight's gradient are summed over the ranks
   with an all-reduce first (:func:`filter_optimizer`).
 * The job order is the rank's list from :func:`pipesplit.job_list.lower.lower_comm` (a
   rendezvous-safe order: every rank issues its communications in one global order), optimizer
-  last.
+  last.  On CPU with more than two ranks every broadcast involves all ranks (the world-ring
+  transport, :func:`pipesplit.ir_utils.p2p.world_ring_comm`): the rank's list then also holds
+  a ``bystander{s}_{t}`` job for each exchange between two other ranks, at its place in
+  :func:`pipesplit.job_list.lower.global_order`; without them it is the GPU list.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD)
-from pipesplit.job_list.lower import lower_comm, peer_of
+from pipesplit.job_list.lower import global_order, lower_comm, peer_of
 from pipesplit.job_list.validate import validate
 
 from ._paddle import require_supported_paddle
@@ -38,7 +42,7 @@ from pipesplit.ir_utils import has_backward, make_plan  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
                                     all_reduce_sum, build_comm_program, first_user, producer_of,
-                                    ring_pair)
+                                    ring_pair, world_ring_comm)
 
 DEVICES = ("auto", "cpu", "gpu")
 _TYPE_RE = re.compile(r"^(forward|backward_b|backward_w|backward|send_forward|recv_forward|"
@@ -79,8 +83,11 @@ class RankInfo:
     ring_ids: Dict[Tuple[int, int], int] = field(default_factory=dict)
     fetch_names: List[str] = field(default_factory=list)
     feed_names: List[str] = field(default_factory=list)   # data ops this rank's programs read
-    # the rank's comm jobs of one step, in order: (job type, micro-batch, peer)
+    # the rank's comm jobs of one step, in order: (job type, micro-batch, peer); a bystander
+    # job's peer is the sender of the exchange it takes part in
     comm_sequence: List[Tuple[str, int, Optional[int]]] = field(default_factory=list)
+    # CPU world-ring transport: bystander job type -> (sender, receiver) of its exchange
+    bystanders: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     # all-reduces in the optimizer (global-norm clipping, tied weights) and their NCCL ring
     num_all_reduces: int = 0
     reduce_ring_id: Optional[int] = None
@@ -90,8 +97,12 @@ class RankInfo:
         if not 0 <= index < len(self.comm_sequence):
             return f"no comm job #{index} (the step has {len(self.comm_sequence)})"
         t, mb, peer = self.comm_sequence[index]
-        return f"{t} micro-batch {mb} with rank {peer} (comm job {index + 1} of " \
-               f"{len(self.comm_sequence)} in the step)"
+        where = f"(comm job {index + 1} of {len(self.comm_sequence)} in the step)"
+        if t in self.bystanders:
+            src, dst = self.bystanders[t]
+            return f"{t} micro-batch {mb}: the world-ring broadcast from rank {src} to rank " \
+                   f"{dst} {where}"
+        return f"{t} micro-batch {mb} with rank {peer} {where}"
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -106,18 +117,6 @@ def resolve_device(device: str = "auto") -> str:
         return "cpu"
     return "gpu" if paddle.is_compiled_with_cuda() and \
         paddle.device.cuda.device_count() > 0 else "cpu"
-
-
-def _check_cpu_pp(pp: int) -> None:
-    if pp > 2:
-        raise ValueError(
-            f"pp_degree={pp} with pp_stage set needs point-to-point communication between more "
-            "than two processes, which Paddle 3.3.1's CPU build cannot do: its send_v2 / recv_v2 "
-            "CPU kernels are stubs, and its executor uses the communicator of the first ring it "
-            "meets for every collective, so each process has one usable communicator (ring 0) "
-            "and a send / recv pair is a broadcast over it, which works only with two ranks. "
-            "Use pp_degree=2 on CPU, a GPU build (NCCL send_v2 / recv_v2), or pp_stage=None to "
-            "emulate all pp_degree ranks in one process")
 
 
 def _names_in(program) -> Set[str]:
@@ -219,7 +218,8 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
     -- global-norm clipping's sum of squared norms, a tied weight's sum of gradient
     contributions -- becomes a partial sum of the terms this rank is the first holder of,
     then ``all_reduce_sum`` over the pipeline ranks (every rank meets these sums in the same
-    program order, so the collectives match).  Any other op mixing ranks raises ValueError.
+    program order, so the collectives match; a rank holding none of the terms, such as a
+    middle rank for a tied weight, still takes part with zeros).  Any other op mixing ranks raises ValueError.
     Returns the number of all-reduces inserted."""
     everyone = frozenset(range(pp))
     blk = program.global_block()
@@ -233,6 +233,9 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
     drop = []
     orphans = []
     reductions = 0
+    # the all-reduces stay on every rank, used or not: all pipeline ranks take part in each
+    # (a tied weight's rank-less neighbours too), in program order
+    collectives: Set[int] = set()
     for op in list(blk.ops):
         if op.id() in erased:
             continue
@@ -255,6 +258,7 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
                         if d is not None]
             total = _all_reduced_partial_sum(chain, mine, all_reduce_sum)
             holders[total.id] = everyone
+            collectives.add(total.get_defining_op().id())
             erased.update(o.id() for o in chain)
             for o in reversed(chain):
                 o.erase()
@@ -276,7 +280,7 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
         op.erase()
     while candidates:  # producers left without users (parameters, constants, casts ...)
         oid, op = candidates.pop()
-        if oid in erased or not op.num_results() \
+        if oid in erased or oid in collectives or not op.num_results() \
                 or not all(r.use_empty() for r in op.results()):
             continue
         candidates += producers(op)
@@ -335,7 +339,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                     device: str = "auto", progress: bool = True):
     """The :class:`~pipesplit.passes.core.PipelinePlan` of rank ``config.pp_stage``.
 
-    ``device``: "cpu" (gloo broadcasts, pp_degree <= 2), "gpu" (NCCL send_v2 / recv_v2) or
+    ``device``: "cpu" (gloo broadcasts on the world ring, any pp_degree), "gpu" (NCCL send_v2 / recv_v2) or
     "auto" (from Paddle's current expected place).  ``progress``: comm programs bump the
     persistable counter :data:`pipesplit.ir_utils.p2p.PROGRESS_VAR` (zero it per step) so a
     watchdog can name the comm job a stuck rank waits in.
@@ -346,8 +350,6 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     device = resolve_device(device)
     backend = "gloo" if device == "cpu" else "nccl"
     assert backend in BACKENDS
-    if backend == "gloo":
-        _check_cpu_pp(config.pp_degree)
     schedule = make_schedule(config)
     if not has_backward(main_program):  # evaluation / inference: the schedule's forward order
         schedule = schedule.forward_only()
@@ -428,6 +430,10 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
             if info.transfers and info.peer != comm_sequence[-1][2]:
                 raise AssertionError(f"{job.type}: lowering peer {comm_sequence[-1][2]} != "
                                      f"program peer {info.peer}")
+    bystanders: Dict[str, Tuple[int, int]] = {}
+    if backend == "gloo":
+        job_order, comm_sequence, bystanders = _world_ring_order(
+            schedule, config, rank, transfers, job_order, comm_sequence, programs, progress)
     if not schedule.is_forward_only:
         job_order.append((OPTIMIZER, 0))
 
@@ -449,10 +455,47 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                     param_names=sorted(p for p in params if p in local),
                     comm=comm, ring_ids=ring_ids, fetch_names=[n for _, n in fetches],
                     feed_names=feed_names, comm_sequence=comm_sequence,
+                    bystanders=bystanders,
                     reduce_ring_id=reduce_ring[0] if reduce_ring else None,
                     num_all_reduces=num_all_reduces)
     return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
                         rank_info=info)
+
+
+def _world_ring_order(schedule, config, rank, transfers, own_order, own_comm, programs,
+                      progress):
+    """CPU: the rank's job order with a bystander job for every exchange between two other
+    ranks, at its place in the global order (``programs`` gets the bystander programs).
+    Returns (job order, comm sequence, bystander job type -> (sender, receiver)).  Removing the
+    bystander jobs gives ``own_order`` back (checked): the GPU order."""
+    placement = schedule.placement
+    sequence = global_order(schedule, config.costs)
+    exchanges, sends = [], []  # sends: index in ``sequence`` of each exchange's send
+    for index, (who, job) in enumerate(sequence):
+        if job.kind in (SEND_FORWARD, SEND_BACKWARD):
+            exchanges.append(_comm_transfers(job.kind, placement.stage(who, job.chunk),
+                                             transfers))
+            sends.append(index)
+    bystander_programs, roles = world_ring_comm(exchanges, rank, progress=progress)
+    programs.update(bystander_programs)
+    role_at = dict(zip(sends, roles))
+    pairs = {t: (exchange[0].src, exchange[0].dst) for exchange, t in zip(exchanges, roles)
+             if t is not None}
+    order, comm_sequence, own = [], [], iter(own_comm)
+    for index, (who, job) in enumerate(sequence):
+        if job.kind == OPTIMIZER:
+            continue
+        if who == rank:
+            order.append((job.type, job.micro_batch))
+            if job.is_comm:
+                comm_sequence.append(next(own))
+        elif role_at.get(index) is not None:
+            order.append((role_at[index], job.micro_batch))
+            comm_sequence.append((role_at[index], job.micro_batch, who))
+    if [o for o in order if o[0] not in pairs] != own_order:
+        raise AssertionError(f"rank {rank}: the global order's own jobs differ from the "
+                             "lowered list")
+    return order, comm_sequence, pairs
 
 
 def _add_events(split, stage_to_chunk, kind, stage, sel, comm_ops, programs):

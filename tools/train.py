@@ -11,8 +11,9 @@ last rank writes the demo's record: ``losses`` (pipeline), ``baseline_losses`` (
 it computes itself) and ``max_param_diff`` (over every rank's parameters, gathered through the
 launcher's TCP store).
 
-On CPU (gloo) pp must be 2 (see :mod:`pipesplit.ir_utils.p2p`); on a GPU build the ranks talk
-over NCCL send_v2 / recv_v2.
+On CPU (gloo) every transfer is a broadcast on the world ring in which all ranks take part
+(any pp; see :mod:`pipesplit.ir_utils.p2p`); on a GPU build the ranks talk over NCCL send_v2 /
+recv_v2.
 
 A hang does not stay silent: gloo collectives time out (about 30 s) and a watchdog thread
 (``--watchdog`` seconds per step) reports the rank, the step and the comm job it is stuck in
@@ -49,7 +50,8 @@ def make_parser():
                    help="seconds one step may take before the rank reports where it is stuck "
                         "and exits (default 120; gloo's own timeout is about 30 s)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="p2p flavour: cpu (gloo broadcasts, pp=2), gpu (NCCL), auto: from the place")
+                   help="p2p flavour: cpu (gloo broadcasts on the world ring), gpu (NCCL), auto: "
+                        "from the place")
     p.add_argument("--params-out", metavar="PATH",
                    help="write every rank's final parameters (gathered) to this .npz file")
     p.add_argument("--fail-at", metavar="RANK:STEP[:hang]", default=None,
