@@ -30,6 +30,7 @@ from pipesplit.job_list.validate import validate
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
 from .core import PipelinePlan, make_schedule, split_sub_programs
+from .per_rank import world_ring_order
 
 paddle = require_supported_paddle()
 
@@ -193,6 +194,39 @@ def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, 
             f"vpp_degree={lowered.vpp})")
 
 
+_exchange_round = [0]  # per process: every rank calls the pass the same number of times
+
+
+def world_transfers(found: List[EngineTransfer], schedule: Schedule, rank: int
+                    ) -> List[Transfer]:
+    """Every cross-rank transfer of the step, on every rank: the CPU world-ring transport
+    (more than two ranks) needs each rank to take part in the others' exchanges, but the engine
+    gives each rank only its own program.  The senders publish shapes and dtypes through the
+    launcher's TCP store; this rank's own transfers keep their names."""
+    import json
+
+    from pipesplit.ir_utils.p2p import handoff_type
+
+    store = paddle.base.core.create_or_get_global_tcp_store()
+    key = f"pipesplit/engine/{_exchange_round[0]}"
+    _exchange_round[0] += 1
+    sends = [[t.kind, t.transfer.src_stage, t.transfer.dst_stage, t.transfer.dst,
+              [int(d) for d in t.transfer.shape], str(t.transfer.dtype).replace("paddle.", "")]
+             for t in found if t.kind in (SEND_FORWARD, SEND_BACKWARD)]
+    store.set(f"{key}/{rank}", json.dumps(sends).encode())
+    out = [t.transfer for t in found]
+    for other in range(schedule.pp):
+        if other == rank:
+            continue
+        published = json.loads(bytes(store.get(f"{key}/{other}")).decode())
+        for i, (kind, src_stage, dst_stage, dst, shape, dtype) in enumerate(published):
+            if dst != rank:  # this rank's own recvs are in ``found``
+                out.append(Transfer(f"rank{other}_{kind}{src_stage}_{i:04d}",
+                                    handoff_type(shape, dtype), other, dst, src_stage,
+                                    dst_stage))
+    return out
+
+
 def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: bool) -> None:
     """GPU: the op producing a sent value records an event its send waits for; a received
     value's first consumer in every compute program waits for the recv's event."""
@@ -214,10 +248,6 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
     rank = config.pp_stage
     if rank is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
-    if backend == "gloo" and config.pp_degree > 2:
-        raise ValueError(f"strategy.pipeline.pp_degree={config.pp_degree}: on a CPU build "
-                         "pipesplit's engine path runs two pipeline ranks (one gloo "
-                         "communicator per process)")
     schedule = make_schedule(config)
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)
@@ -234,6 +264,13 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
     optimizer = programs[OPTIMIZER]
     clip_the_average(optimizer, config.num_micro_batches)
     if backend == "gloo":  # the optimizer job runs last on every rank: its exchanges match
+        if config.pp_degree > 2 and any(op.name() in P2P_OPS
+                                        for op in optimizer.global_block().ops):
+            raise ValueError(
+                f"strategy.pipeline.pp_degree={config.pp_degree}: the engine's optimizer "
+                "exchanges values between pipeline ranks (e.g. ClipGradByGlobalNorm), which "
+                "pipesplit's CPU transport serves for two ranks only; use pp_degree=2 on CPU "
+                "or a CUDA build")
         p2p_to_gloo_broadcasts(optimizer, rank, _ring_ranks)
     compute = dict(programs)
     for chunk in range(config.vpp_degree):
@@ -253,6 +290,12 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
                 raise AssertionError(f"{job.type}: program peers {peers} != lowering's "
                                      f"{peer_of(schedule, rank, job)}")
         job_order.append((job.type, job.micro_batch))
+    if backend == "gloo" and config.pp_degree > 2:  # every rank takes part in every transfer
+        own_comm = [(t, mb, peer_of(schedule, rank, job)) for job, (t, mb) in
+                    zip(lowered.ranks[rank], job_order) if job.is_comm]
+        job_order, _, _ = world_ring_order(schedule, config, rank,
+                                           world_transfers(found, schedule, rank),
+                                           job_order, own_comm, programs, progress=False)
     job_order.append((OPTIMIZER, 0))
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     plan = make_plan(job_order, used, config.num_micro_batches)

@@ -432,7 +432,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                                      f"program peer {info.peer}")
     bystanders: Dict[str, Tuple[int, int]] = {}
     if backend == "gloo":
-        job_order, comm_sequence, bystanders = _world_ring_order(
+        job_order, comm_sequence, bystanders = world_ring_order(
             schedule, config, rank, transfers, job_order, comm_sequence, programs, progress)
     if not schedule.is_forward_only:
         job_order.append((OPTIMIZER, 0))
@@ -462,7 +462,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                         rank_info=info)
 
 
-def _world_ring_order(schedule, config, rank, transfers, own_order, own_comm, programs,
+def world_ring_order(schedule, config, rank, transfers, own_order, own_comm, programs,
                       progress):
     """CPU: the rank's job order with a bystander job for every exchange between two other
     ranks, at its place in the global order (``programs`` gets the bystander programs).

@@ -3,6 +3,7 @@ Paddle and the engine's processes costs seconds): ``engine_grid.py CONFIGS.json 
 CONFIGS.json is a list of ``[tag, [example arguments ...]]``; each writes ``OUT_DIR/<tag>.json``.
 """
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,10 @@ import auto_parallel_pipeline as example  # noqa: E402
 
 
 def main() -> int:
+    if "--no-fleet" in sys.argv:  # DistModel calls fleet.init (a dozen more gloo groups, slow
+        # and fragile with more than two CPU processes) when it sees the launcher's POD_NAME
+        sys.argv.remove("--no-fleet")
+        os.environ.pop("POD_NAME", None)
     configs = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     for tag, argv in configs:

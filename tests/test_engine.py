@@ -32,10 +32,10 @@ TOL = 1e-6
 GRID = ROOT / "tests" / "engine_grid.py"
 
 
-def _launch(workdir: Path, script: Path, *args):
-    """Two processes under paddle.distributed.launch; returns (rc, the workers' logs)."""
+def _launch(workdir: Path, script: Path, *args, nproc: int = 2):
+    """``nproc`` processes under paddle.distributed.launch; returns (rc, the workers' logs)."""
     logs = workdir / "log"
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
            "--log_dir", str(logs), str(script), *map(str, args)]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -105,6 +105,31 @@ def test_engine_trains_like_the_dygraph_reference(grid, tag):
 def test_engine_equals_paddles_own_pass(grid, name):
     ours, paddles = grid[f"{name}_m4"]["losses"], grid[f"paddle_{name}_m4"]["losses"]
     assert max(abs(a - b) for x, y in zip(ours, paddles) for a, b in zip(x, y)) <= TOL
+
+
+FOUR_RANK_CONFIGS = [
+    ("1F1B_pp4_m6", ["--schedule", "1F1B", "-m", "6"]),
+    ("ZBH1_pp4_m5", ["--schedule", "ZBH1", "-m", "5"]),
+    ("VPP_pp4_m4", ["--schedule", "VPP", "--vpp", "2", "-m", "4", "--layers", "8"]),
+    ("ZBV_pp4_m8", ["--schedule", "ZBV", "-m", "8", "--layers", "8"]),
+    ("DualPipeV_pp4_m6", ["--schedule", "DualPipeV", "-m", "6", "--layers", "8"]),
+]
+
+
+@pytest.mark.slow
+def test_engine_on_four_cpu_ranks_trains_like_the_reference(tmp_path):
+    """pp = 4 through the engine on CPU: the world-ring transport (every rank takes part in
+    every transfer, the senders' shapes shared through the launcher's store)."""
+    configs = [(tag, args + ["--steps", "2"]) for tag, args in FOUR_RANK_CONFIGS]
+    (tmp_path / "configs.json").write_text(json.dumps(configs))
+    rc, logs = _launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, "--no-fleet",
+                       nproc=4)
+    assert rc == 0, logs[-4000:]
+    for tag, args in configs:
+        record = json.loads((tmp_path / f"{tag}.json").read_text())
+        assert record["pp"] == 4
+        assert record["params_compared"] == (134 if "--layers" in args else 70), tag
+        assert record["max_loss_diff"] <= TOL and record["max_param_diff"] <= TOL, tag
 
 
 @pytest.mark.slow
