@@ -12,9 +12,10 @@ from .checks import check_feed, describe_missing, missing_scope_vars, plan_input
 
 
 def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
-    """Non-persistable named values each sub-program reads or writes, minus the values whose
-    buffers it never reads (as Paddle's ``_set_skip_gc_vars_in_pir`` computes them)."""
-    no_need = core.get_no_need_buffer_values(programs) if programs else {}
+    """Non-persistable named values each sub-program reads or writes, minus the values it hands
+    over whose buffers no program reads (:func:`shape_only_handoffs`; as Paddle's
+    ``_set_skip_gc_vars_in_pir`` drops them, so their producer frees their memory)."""
+    no_need = shape_only_handoffs(programs)
     out = {}
     for t, prog in programs.items():
         req, pers = set(), set()
@@ -34,19 +35,44 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
                     req.add(v.name)
                     if v.persistable:
                         pers.add(v.name)
-        if t in no_need:
-            req -= set(no_need[t]) - written_names(prog)
-        out[t] = req - pers
+        out[t] = req - pers - no_need[t]
     return out
 
 
 def written_names(program) -> set:
-    """Names a program hands over (``builtin.shadow_output``).  Paddle counts a value whose
-    buffer the program itself never reads (say only its shape) as "no need buffer" even when
-    the program writes it for a later job; such a value must still be kept from garbage
-    collection after its producer, or the job reading it later finds no memory."""
+    """Names a program hands over (``builtin.shadow_output``)."""
     return {op.attrs()["output_name"] for op in program.global_block().ops
             if op.name() == "builtin.shadow_output"}
+
+
+def shape_only_handoffs(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
+    """Per program, the names it hands over that the programs read for their shape only: the
+    name is an input (block argument or ``pd_op.data``) somewhere, and each op using such an
+    input reads it once, in a no-need-buffer operand (``add_grad``'s ``x``).  Only those may be
+    freed by their producer; a later job reading one for its data would find no memory.
+
+    Paddle's ``core.get_no_need_buffer_values`` means the same, but lets whichever use it visits
+    last decide (a name read for its shape by one op and for its data by another, in the same
+    or another program, can come out "no need buffer"): that freed live values of
+    ``paddle.nn.TransformerEncoderLayer`` programs with a split backward."""
+    shape_read, data_read = set(), set()
+    for prog in programs.values():
+        for name, value in _inputs(prog):
+            for op in value.all_used_ops():
+                slots = sum(1 for v in op.operands_source() if v.is_same(value))
+                reads_shape_only = slots == 1 and op.is_no_need_buffer(value)
+                (shape_read if reads_shape_only else data_read).add(name)
+    shape_only = shape_read - data_read
+    return {t: written_names(prog) & shape_only for t, prog in programs.items()}
+
+
+def _inputs(program):
+    """(name, value) of every input of ``program``: block arguments and ``pd_op.data`` results."""
+    blk = program.global_block()
+    yield from blk.kwargs().items()
+    for op in blk.ops:
+        if op.name() == "pd_op.data":
+            yield op.attrs()["name"], op.result(0)
 
 
 def _check_m(num_micro_batches):
@@ -75,9 +101,8 @@ def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.
     if required_vars is None:
         required = required_vars_of(used)
     else:  # the split already knows each program's names: only drop the never-read buffers
-        no_need = core.get_no_need_buffer_values(used)
-        required = {t: set(required_vars[t]) - (set(no_need.get(t, ())) - written_names(used[t]))
-                    for t in used}
+        no_need = shape_only_handoffs(used)
+        required = {t: set(required_vars[t]) - no_need[t] for t in used}
     jobs = []
     for t, mb in job_order:
         job = core.Job(t)

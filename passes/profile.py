@@ -162,7 +162,12 @@ def _on_one_cpu():
     """Every thread of the process on one CPU for the block (the old affinities restored after
     it): the GC thread cannot run beside the measuring thread, only instead of it."""
     caller = os.sched_getaffinity(0)
-    tasks = {tid: os.sched_getaffinity(tid) for tid in _threads()}
+    tasks = {}
+    for tid in _threads():
+        try:
+            tasks[tid] = os.sched_getaffinity(tid)
+        except ProcessLookupError:  # the thread ended between listing and asking
+            pass
     cpu = min(caller)
     try:
         for tid in tasks:

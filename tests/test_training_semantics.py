@@ -229,3 +229,51 @@ def test_program_without_a_loss_sink_keeps_its_forward_jobs():
     _, ref_params = U.train_unsplit(case, 2, M)
     params = U.read(scope, prog.param_names)
     assert max(float(np.max(np.abs(params[n] - ref_params[n]))) for n in params) <= TOL
+
+
+def _input_reads(programs):
+    """name -> [(job type, op name, reads only its shape)] for every use of a program input."""
+    from pipesplit.ir_utils.runner import _inputs
+
+    reads = {}
+    for t, prog in programs.items():
+        for name, value in _inputs(prog):
+            for op in value.all_used_ops():
+                reads.setdefault(name, []).append((t, op.name(), op.is_no_need_buffer(value)))
+    return reads
+
+
+@pytest.mark.parametrize("model,split_backward", [("lm", True), ("mlp", False)])
+def test_producers_free_only_handoffs_read_for_their_shape(model, split_backward):
+    """A job frees a value it hands over only when every later read is of its shape (as
+    ``add_grad`` reads its ``x``).  On a TransformerEncoderLayer split into B and W, B reads such
+    a handoff for its shape and W for its data: Paddle's ``get_no_need_buffer_values`` lets the
+    last use decide and called it "no need buffer", so the forward freed it and W found no
+    memory.  The MLP's shape-only handoffs (the matmul outputs ``add_grad`` only measures)
+    must still be freed, or every forward keeps them alive until its backward."""
+    from paddle.base import core
+
+    from pipesplit.ir_utils import required_vars_of
+    from pipesplit.ir_utils.runner import shape_only_handoffs, written_names
+    from pipesplit.passes import apply_pipeline
+
+    prog = U.build(U.Case(model=model), 4)
+    programs = apply_pipeline(prog.main, prog.startup, "FThenB",
+                              dict(num_micro_batches=M, pp_degree=4, vpp_degree=1,
+                                   split_backward=split_backward)).split.programs
+    reads = _input_reads(programs)
+    freed = shape_only_handoffs(programs)
+    required = required_vars_of(programs)
+    for t, names in freed.items():
+        assert names <= written_names(programs[t])
+        assert not names & required[t], t
+        for name in names:
+            assert reads[name] and all(shape for _, _, shape in reads[name]), (t, name, reads[name])
+    freed_anywhere = set().union(*freed.values())
+    # read for their shape by one op and for their data by another (B and W)
+    mixed = {n for n, r in reads.items()
+             if any(shape for _, _, shape in r) and not all(shape for _, _, shape in r)}
+    assert mixed and not freed_anywhere & mixed
+    # what is freed, Paddle's own rule frees too; and the shape-only handoffs are freed
+    paddle_no_need = set().union(*map(set, core.get_no_need_buffer_values(programs).values()))
+    assert freed_anywhere and freed_anywhere <= paddle_no_need
