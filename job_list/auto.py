@@ -1,4 +1,5 @@
-"""``auto`` / ``autoV``: search for the fastest zero-bubble schedule under a memory limit.
+"""``auto`` / ``autoV``: search for the fastest schedule under a memory limit, deciding per stage
+whether its backward runs split (I / W jobs) or as one B job.
 
 The search works in the simulator's model (:mod:`simulate`): a job starts when its rank is free
 and its inputs are there (plus the latency ``costs.comm`` across ranks); memory is counted in units
@@ -7,9 +8,17 @@ of one virtual stage's activations for one micro-batch, +1 at the end of F, -1/2
 
 Steps, for one placement (``auto``: looped, ``autoV``: V / zig-zag):
 
+0. **Split patterns.**  Steps 1-4 run once per set of split stages (:func:`split_patterns`):
+   every stage split, none (every backward one B job), and, per stage, those where the split
+   costs no extra time (tI + tW <= tB).  With profiled costs the split is often dearer than B
+   (Paddle's executor runs more, smaller kernels), and then 1F1B's plain B wins.  An unsplit
+   stage is searched as an I of cost tB that frees all of the stage's memory plus a W of cost
+   0 (see :class:`SearchContext`), so the same greedy / layout / local search serves every
+   pattern.
 1. **Fixed schedules.**  Every registered schedule with that placement that serves
-   ``(pp, vpp, m)`` is built with ``split_backward=True`` and simulated; those whose peak fits
-   the limit are the baseline (so the result is never worse than the best of them).
+   ``(pp, vpp, m)`` is built split (``split_backward=True``) and, where it does not split by
+   definition, also unsplit, and simulated; those whose peak fits the limit are the baseline
+   (so the result is never worse than the best of them, split or not).
 2. **Greedy list scheduling.**  Time runs forward; whenever a rank is free it picks one of its
    ready jobs by a :class:`GreedyPolicy`: I's first (they are on the critical path back to
    rank 0), an F when the memory allows it, W's to fill time nothing else can use; with
