@@ -779,11 +779,17 @@ def fixed_candidates(pp: int, vpp: int, m: int, placement: str, costs: Costs):
 
 def split_patterns(costs: Costs, num_stages: int) -> List[frozenset]:
     """The sets of split stages the search tries: all, none, and (per stage) those where the
-    split costs no extra time (tI + tW <= tB), each once."""
+    split costs no extra time (tI + tW <= tB), each once.
+
+    Only "all" when the split is free on every stage and I holds no more than B did
+    (``w_memory <= 1``): then any order with B jobs has a split twin (each B replaced by its
+    I and W back to back) that ends no job later and peaks no higher."""
     every = frozenset(range(num_stages))
     cheap = frozenset(s for s in range(num_stages)
                       if costs.of(BACKWARD_B, s) + costs.of(BACKWARD_W, s)
                       <= costs.of(BACKWARD, s) + EPS)
+    if cheap == every and costs.w_memory <= 1.0:
+        return [every]
     out = []
     for pattern in (every, frozenset(), cheap):
         if pattern not in out:
