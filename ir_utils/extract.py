@@ -107,7 +107,8 @@ def _check_int(name, value, minimum=1):
 def split_program(program, num_chunks: int, split_backward=False,
                   accumulate: Optional[str] = "avg",
                   fetch_names: Optional[Sequence[str]] = None,
-                  completed: bool = False) -> SplitProgram:
+                  completed: bool = False,
+                  num_micro_batches: Optional[int] = None) -> SplitProgram:
     """Split ``program`` (never modified) into forward{c}, backward{c} (or backward_b{c} /
     backward_w{c}), empty send/recv{c} and optimizer sub-programs.
 
@@ -119,6 +120,8 @@ def split_program(program, num_chunks: int, split_backward=False,
     fetch per micro-batch; default: every shadow_output name written by a forward op.
     completed: ``program`` is the caller's private clone, already through ``complete_program``;
     it is used (and gets the accumulators) as it is, saving a second copy and completion.
+    num_micro_batches: micro-batches per step; with it "avg" scales the accumulated gradients by
+    1/num_micro_batches in the optimizer instead of counting contributions per micro-batch.
     """
     _check_int("num_chunks", num_chunks)
     split_chunks(num_chunks, split_backward)  # a bad value is refused before any work
@@ -126,7 +129,7 @@ def split_program(program, num_chunks: int, split_backward=False,
     if not completed:
         complete_program(work)
     check_program(work, num_chunks)
-    info = add_gradient_accumulation(work, accumulate) if accumulate else None
+    info = add_gradient_accumulation(work, accumulate, num_micro_batches) if accumulate else None
     split = _distribute(work, num_chunks, split_backward, fetch_names)
     split.accumulation = info
     return split

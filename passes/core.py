@@ -107,5 +107,6 @@ def split_sub_programs(main_program, config: PipelineConfig, num_chunks: Optiona
         splits = bool(chunks) and has_backward(work)  # evaluation: nothing to split
         report = split_backward(work, chunks=chunks) if splits else None
         split = split_program(work, num_chunks, split_backward=chunks if splits else False,
-                              accumulate=mode, completed=True, fetch_names=fetch_names)
+                              accumulate=mode, completed=True, fetch_names=fetch_names,
+                              num_micro_batches=config.num_micro_batches)
     return split, report
