@@ -120,3 +120,12 @@ def test_unsplit_stage_searched_as_b():
     assert ctx.to_jobs(orders) == mixed.ranks
     assert (ctx.cost[1][0], ctx.cost[2][0]) == (2.0, 0.0)  # stage 0 unsplit: I = tB, W = 0
     assert (ctx.cost[1][1], ctx.cost[2][1]) == (1.5, 1.0)
+
+
+def test_bench_split_grid_finds_no_loss():
+    import io
+    from pipesplit.tools.bench_auto import run_split_grid
+    out = io.StringIO()
+    summary = run_split_grid(out=out)
+    assert summary["rows"] >= 80 and summary["slower"] == 0
+    assert summary["patterns"].get("B", 0) > 0 and summary["patterns"].get("mixed", 0) > 0
