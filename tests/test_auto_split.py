@@ -15,7 +15,7 @@ from pipesplit.job_list.placement import LOOPED, V_SHAPE
 from pipesplit.job_list.registry import get_spec, split_backward_jobs
 from pipesplit.job_list.simulate import Costs, simulate
 from pipesplit.job_list.validate import validate
-from tools.bench_frameworks import COST_MODELS
+from pipesplit.tools.bench_frameworks import COST_MODELS
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 #: profiled cost files by number of virtual stages
@@ -126,6 +126,6 @@ def test_bench_split_grid_finds_no_loss():
     import io
     from pipesplit.tools.bench_auto import run_split_grid
     out = io.StringIO()
-    summary = run_split_grid(out=out)
+    summary = run_split_grid(DATA, out=out)
     assert summary["rows"] >= 80 and summary["slower"] == 0
     assert summary["patterns"].get("B", 0) > 0 and summary["patterns"].get("mixed", 0) > 0

@@ -95,18 +95,19 @@ def run(pps: Sequence[int], vpps: Sequence[int], placements: Sequence[str],
     return summary
 
 
+#: the repository's profiled cost files (a source checkout; pass --costs-dir otherwise)
 PROFILED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "tests", "data")
 
 
-def profiled_costs() -> List[tuple]:
-    """(label, Costs) of every profiled cost file (``profiled_*.json``) under tests/data."""
-    out = []
-    for name in sorted(os.listdir(PROFILED_DIR)) if os.path.isdir(PROFILED_DIR) else []:
-        if name.startswith("profiled_") and name.endswith(".json"):
-            out.append((name[len("profiled_"):-len(".json")],
-                        Costs.load(os.path.join(PROFILED_DIR, name))))
-    return out
+def profiled_costs(cost_dir: str) -> List[tuple]:
+    """(label, Costs) of every profiled cost file (``profiled_*.json``) in ``cost_dir``."""
+    if not os.path.isdir(cost_dir):
+        raise ValueError(f"costs dir {cost_dir!r} is not a directory (profiled_*.json files "
+                         "from `pipesplit profile --json`)")
+    return [(name[len("profiled_"):-len(".json")], Costs.load(os.path.join(cost_dir, name)))
+            for name in sorted(os.listdir(cost_dir))
+            if name.startswith("profiled_") and name.endswith(".json")]
 
 
 def _pattern(schedule) -> str:
@@ -119,7 +120,7 @@ def _pattern(schedule) -> str:
     return "split{" + ",".join(map(str, sorted(split))) + "}"
 
 
-def run_split_grid(out=sys.stdout) -> dict:
+def run_split_grid(cost_dir: str = PROFILED_DIR, out=sys.stdout) -> dict:
     """Print auto vs the best registered schedule (split or not) at no more memory; return
     {"rows": n, "slower": n (must be 0), "max_seconds": s, "patterns": {pattern: n}}."""
     import time
@@ -127,7 +128,7 @@ def run_split_grid(out=sys.stdout) -> dict:
     from pipesplit.job_list.auto import AUTO_NAMES, fixed_candidates
     from pipesplit.job_list.simulate import simulate
     from pipesplit.tools.bench_frameworks import COST_MODELS as FRAMEWORK_MODELS
-    models = profiled_costs() + [(label, costs) for label, costs, _ in FRAMEWORK_MODELS]
+    models = profiled_costs(cost_dir) + [(label, costs) for label, costs, _ in FRAMEWORK_MODELS]
     summary = {"rows": 0, "slower": 0, "max_seconds": 0.0, "patterns": {}}
     print(f"{'costs':22} {'sched':6} {'pp':>3} {'vpp':>3} {'m':>3} {'best registered':>22} "
           f"{'auto':>8} {'gain%':>6} {'pattern':>12} {'time s':>7}", file=out)
@@ -176,9 +177,11 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-limit", type=float, default=None)
     parser.add_argument("--split-grid", action="store_true",
                         help="auto vs every registered schedule, split or not, on profiled costs")
+    parser.add_argument("--costs-dir", default=PROFILED_DIR,
+                        help="profiled_*.json cost files for --split-grid (default tests/data)")
     args = parser.parse_args(argv)
     if args.split_grid:
-        return 1 if run_split_grid()["slower"] else 0
+        return 1 if run_split_grid(args.costs_dir)["slower"] else 0
     placements = {"looped": (LOOPED,), "v": (V_SHAPE,), "both": (LOOPED, V_SHAPE)}[args.placement]
     run(_ints(args.pp), _ints(args.vpp), placements, args.memory_limit)
     return 0
