@@ -3,10 +3,13 @@
 For every gradient an optimizer-role op reads, a persistable accumulator (a block kwarg named
 ``{param}@PS_ACC``) is added to right after the grad's producer (same role, chunk and
 ``pipesplit_backward_w`` flag, so it lands in that backward / backward_w sub-program).  In
-``avg`` mode a persistable counter per (chunk, backward_w) group (``pipesplit_acc_count_{c}``
-or ``..._{c}_w``) counts the contributions, so the split does not depend on the number of
-micro-batches.  The optimizer-role ops read ``acc / count`` (avg) or ``acc`` (sum); at the end of
-the optimizer section accumulators and counters are reset to zero.
+``avg`` mode with ``num_micro_batches`` given, the optimizer-role ops read each accumulator
+scaled by ``1 / num_micro_batches`` (as Paddle's gradient-merge pass does: no op per
+micro-batch beyond the ``add_``; a new value, not ``scale_``: an in-place scale would race with
+the reset below, which depends only on the accumulator); without it a persistable counter per (chunk, backward_w)
+group (``pipesplit_acc_count_{c}`` or ``..._{c}_w``) counts the contributions (one more op per
+backward job), and the optimizer-role ops read ``acc / count``.  In ``sum`` mode they read
+``acc``.  At the end of the optimizer section accumulators (and counters) are reset to zero.
 
 The accumulators and counters must exist, zeroed, in the scope before the first step:
 ``AccumulationInfo.init_scope(scope, place)`` does that.
@@ -14,7 +17,7 @@ The accumulators and counters must exist, zeroed, in the scope before the first 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -73,10 +76,17 @@ def _place():
     return paddle.framework._current_expected_place()
 
 
-def add_gradient_accumulation(program, mode: str = "avg") -> AccumulationInfo:
-    """Insert gradient accumulation into a completed ``program`` (modified in place)."""
+def add_gradient_accumulation(program, mode: str = "avg",
+                              num_micro_batches: Optional[int] = None) -> AccumulationInfo:
+    """Insert gradient accumulation into a completed ``program`` (modified in place).
+    ``num_micro_batches``: the contributions per step, for ``avg`` without counters."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if num_micro_batches is not None and (not isinstance(num_micro_batches, int)
+                                          or isinstance(num_micro_batches, bool)
+                                          or num_micro_batches < 1):
+        raise ValueError(f"num_micro_batches must be an int >= 1, got {num_micro_batches!r}")
+    counted = mode == "avg" and num_micro_batches is None
     block = program.global_block()
     ops = list(block.ops)
     opt_ops = [op for op in ops if op.op_role == OPTIMIZE]
@@ -124,7 +134,7 @@ def add_gradient_accumulation(program, mode: str = "avg") -> AccumulationInfo:
         last = out.get_defining_op()
         opt_users = [u for u in g.all_used_ops() if u.op_role == OPTIMIZE]
 
-        if mode == "avg":
+        if counted:
             key = (chunk, is_w)
             if key not in counters:
                 cname = f"{COUNT_PREFIX}{chunk}" + ("_w" if is_w else "")
@@ -145,8 +155,11 @@ def add_gradient_accumulation(program, mode: str = "avg") -> AccumulationInfo:
     first_opt_op = opt_ops[0]
     for name, acc, g, opt_users, key in acc_values:
         paddle.pir.set_insertion_point(first_opt_op)
-        if mode == "avg":
+        if counted:
             val = paddle._C_ops.divide(acc, counters[key])
+            _tag(val, OPTIMIZE, None)
+        elif mode == "avg":
+            val = paddle._C_ops.scale(acc, 1.0 / num_micro_batches, 0.0, True)
             _tag(val, OPTIMIZE, None)
         else:
             val = acc

@@ -61,13 +61,31 @@ class SplitProgram:
                          if h.producer == job_type or job_type in h.consumers)
 
 
-def job_types_for(num_chunks: int, split_backward: bool) -> List[str]:
-    kinds = ["forward"] + (["backward_b", "backward_w"] if split_backward else ["backward"])
-    kinds += list(COMM_KINDS)
-    return [f"{k}{c}" for c in range(num_chunks) for k in kinds] + ["optimizer"]
+def split_chunks(num_chunks: int, split_backward) -> FrozenSet[int]:
+    """The chunks whose backward is split: ``split_backward`` True (all), False (none) or the
+    chunk ids themselves."""
+    if isinstance(split_backward, bool):
+        return frozenset(range(num_chunks)) if split_backward else frozenset()
+    chunks = frozenset(split_backward)
+    if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < num_chunks
+           for c in chunks):
+        raise ValueError(f"split_backward must be a bool or chunk ids in [0, {num_chunks}), "
+                         f"got {sorted(chunks, key=str)}")
+    return chunks
 
 
-def _job_of(op, split_backward: bool) -> str:
+def job_types_for(num_chunks: int, split_backward) -> List[str]:
+    """Job types of the sub-programs; ``split_backward`` as :func:`split_chunks` takes it."""
+    split = split_chunks(num_chunks, split_backward)
+    types = []
+    for c in range(num_chunks):
+        kinds = ["forward"] + (["backward_b", "backward_w"] if c in split else ["backward"])
+        types += [f"{k}{c}" for k in kinds + list(COMM_KINDS)]
+    return types + ["optimizer"]
+
+
+def _job_of(op, split_backward) -> str:
+    """Job type of ``op``; ``split_backward``: the set of split chunks."""
     role = op.op_role
     if role == OPTIMIZE:
         return "optimizer"
@@ -75,7 +93,7 @@ def _job_of(op, split_backward: bool) -> str:
     if role == FORWARD:
         return f"forward{c}"
     if role == BACKWARD:
-        if not split_backward:
+        if c not in split_backward:
             return f"backward{c}"
         w = op.has_attr(BACKWARD_W_ATTR) and bool(op.attrs()[BACKWARD_W_ATTR])
         return f"backward_w{c}" if w else f"backward_b{c}"
@@ -87,26 +105,33 @@ def _check_int(name, value, minimum=1):
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def split_program(program, num_chunks: int, split_backward: bool = False,
+def split_program(program, num_chunks: int, split_backward=False,
                   accumulate: Optional[str] = "avg",
                   fetch_names: Optional[Sequence[str]] = None,
-                  completed: bool = False) -> SplitProgram:
+                  completed: bool = False,
+                  num_micro_batches: Optional[int] = None) -> SplitProgram:
     """Split ``program`` (never modified) into forward{c}, backward{c} (or backward_b{c} /
     backward_w{c}), empty send/recv{c} and optimizer sub-programs.
+
+    split_backward: True (every chunk gets backward_b / backward_w), False (backward) or the
+    set of chunk ids that are split (the others get one backward sub-program).
 
     accumulate: "avg" (default), "sum" or None (no gradient accumulation).
     fetch_names: names of forward values (``set_persistable_value`` / shadow_output names) to
     fetch per micro-batch; default: every shadow_output name written by a forward op.
     completed: ``program`` is the caller's private clone, already through ``complete_program``;
     it is used (and gets the accumulators) as it is, saving a second copy and completion.
+    num_micro_batches: micro-batches per step; with it "avg" scales the accumulated gradients by
+    1/num_micro_batches in the optimizer instead of counting contributions per micro-batch.
     """
     _check_int("num_chunks", num_chunks)
+    split_chunks(num_chunks, split_backward)  # a bad value is refused before any work
     work = program if completed else program.clone()
     if not completed:
         complete_program(work)
     check_program(work, num_chunks)
     check_stage_flow(work)
-    info = add_gradient_accumulation(work, accumulate) if accumulate else None
+    info = add_gradient_accumulation(work, accumulate, num_micro_batches) if accumulate else None
     split = _distribute(work, num_chunks, split_backward, fetch_names)
     split.accumulation = info
     return split
@@ -116,6 +141,7 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
     block = work.global_block()
     ops = list(block.ops)
     types = job_types_for(num_chunks, split_backward)
+    split_set = split_chunks(num_chunks, split_backward)
     programs = {t: paddle.pir.Program() for t in types}
     mappings = {t: paddle.pir.IrMapping() for t in types}
     kwarg_made: Dict[str, set] = {t: set() for t in types}
@@ -186,11 +212,11 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
             v = op.operand_source(0)
             d = v.get_defining_op()
             if d is None or is_source_op(d):
-                t = _job_of(op, split_backward)
+                t = _job_of(op, split_set)
             else:
                 t = producer_job[v.id]
         else:
-            t = _job_of(op, split_backward)
+            t = _job_of(op, split_set)
         if t not in programs:
             raise ValueError(f"op {op.name()} belongs to job {t!r}, which is not one of the "
                              f"{num_chunks}-chunk job types")
@@ -244,7 +270,7 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
     paddle.pir.set_insertion_point_to_block_end(paddle.static.default_main_program().global_block())
 
     return SplitProgram(
-        programs=programs, num_chunks=num_chunks, split_backward=split_backward,
+        programs=programs, num_chunks=num_chunks, split_backward=bool(split_set),
         handoffs={h.name: h for h in handoffs.values()},
         required_vars={t: frozenset(s) for t, s in required.items()},
         fetches=fetches)

@@ -250,10 +250,11 @@ def _backward_ops(block):
     return [op for op in block.ops if op.op_role == _ROLE_BWD]
 
 
-def classify_backward(program):
+def classify_backward(program, chunks=None):
     """Return ``(is_b, needed)``: ``is_b`` maps each backward op to True (B) / False (W);
     ``needed`` is the set of ``value.id`` of backward results that B needs (or that leave
-    the chunk).  Pure analysis, the program is not changed."""
+    the chunk).  ``chunks``: the chunk ids to split (None: all); the backward of any other
+    chunk stays whole, all B.  Pure analysis, the program is not changed."""
     block = program.global_block()
     ops = list(block.ops)
     bwd = [op for op in ops if op.op_role == _ROLE_BWD]
@@ -262,7 +263,7 @@ def classify_backward(program):
     needed = set()
     for op in reversed(bwd):
         chunk = op.chunk_id
-        b = chunk < 0
+        b = chunk < 0 or (chunks is not None and chunk not in chunks)
         for res in op.results():
             if not _used(res):
                 continue
@@ -444,10 +445,10 @@ def _decompose(block, op) -> bool:
     return True
 
 
-def _decomposition_candidates(block, mode: str, is_b, needed) -> list:
+def _decomposition_candidates(block, mode: str, is_b, needed, chunks=None) -> list:
     out = []
     for op in _backward_ops(block):
-        if op.name() not in _DECOMPOSABLE:
+        if op.name() not in _DECOMPOSABLE or (chunks is not None and op.chunk_id not in chunks):
             continue
         used = [r for r in op.results() if _used(r)]
         if len(used) < 2:
@@ -487,13 +488,16 @@ def _param_grads(block, bwd_ops) -> int:
 # --------------------------------------------------------------------------- entry point
 
 
-def split_backward(program, batch_size: int = 1, decompose: str = "auto") -> SplitReport:
+def split_backward(program, batch_size: int = 1, decompose: str = "auto",
+                   chunks=None) -> SplitReport:
     """Decompose mixed grad ops and mark W ops of ``program`` (modified in place).
 
     Args:
         program: a PIR program whose ops carry op_role / chunk_id (clone it first).
         batch_size: value used for ``-1`` dims in the FLOPs estimate.
         decompose: ``"auto"`` (only where it moves work to W), ``"all"`` or ``"none"``.
+        chunks: chunk ids whose backward is split (None: every chunk); the others keep their
+            grad ops as they are, all in B (their backward runs as one job).
 
     Raises:
         ValueError: no backward ops (op_role 1), no parameter gradients, bad arguments.
@@ -502,6 +506,10 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto") -> Spl
         raise ValueError(f"decompose must be 'auto', 'all' or 'none', got {decompose!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if chunks is not None:
+        chunks = frozenset(chunks)
+        if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in chunks):
+            raise ValueError(f"chunks must be chunk ids (ints >= 0), got {sorted(chunks, key=str)}")
     block = program.global_block()
     bwd = _backward_ops(block)
     if not bwd:
@@ -521,8 +529,8 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto") -> Spl
         for _ in range(4):
             if decompose == "none":
                 break
-            is_b, needed = classify_backward(program)
-            cands = _decomposition_candidates(block, decompose, is_b, needed)
+            is_b, needed = classify_backward(program, chunks)
+            cands = _decomposition_candidates(block, decompose, is_b, needed, chunks)
             changed = False
             for op in cands:
                 name = op.name()
@@ -532,7 +540,7 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto") -> Spl
             if not changed or decompose == "all":
                 break
 
-    is_b, _ = classify_backward(program)
+    is_b, _ = classify_backward(program, chunks)
     b_ops, w_ops = defaultdict(int), defaultdict(int)
     b_fl, w_fl = defaultdict(int), defaultdict(int)
     b_to_w, fwd_to_w = defaultdict(set), defaultdict(set)

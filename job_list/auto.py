@@ -1,4 +1,5 @@
-"""``auto`` / ``autoV``: search for the fastest zero-bubble schedule under a memory limit.
+"""``auto`` / ``autoV``: search for the fastest schedule under a memory limit, deciding per stage
+whether its backward runs split (I / W jobs) or as one B job.
 
 The search works in the simulator's model (:mod:`simulate`): a job starts when its rank is free
 and its inputs are there (plus the latency ``costs.comm`` across ranks); memory is counted in units
@@ -7,9 +8,17 @@ of one virtual stage's activations for one micro-batch, +1 at the end of F, -1/2
 
 Steps, for one placement (``auto``: looped, ``autoV``: V / zig-zag):
 
+0. **Split patterns.**  Steps 1-4 run once per set of split stages (:func:`split_patterns`):
+   every stage split, none (every backward one B job), and, per stage, those where the split
+   costs no extra time (tI + tW <= tB).  With profiled costs the split is often dearer than B
+   (Paddle's executor runs more, smaller kernels), and then 1F1B's plain B wins.  An unsplit
+   stage is searched as an I of cost tB that frees all of the stage's memory plus a W of cost
+   0 (see :class:`SearchContext`), so the same greedy / layout / local search serves every
+   pattern.
 1. **Fixed schedules.**  Every registered schedule with that placement that serves
-   ``(pp, vpp, m)`` is built with ``split_backward=True`` and simulated; those whose peak fits
-   the limit are the baseline (so the result is never worse than the best of them).
+   ``(pp, vpp, m)`` is built split (``split_backward=True``) and, where it does not split by
+   definition, also unsplit, and simulated; those whose peak fits the limit are the baseline
+   (so the result is never worse than the best of them, split or not).
 2. **Greedy list scheduling.**  Time runs forward; whenever a rank is free it picks one of its
    ready jobs by a :class:`GreedyPolicy`: I's first (they are on the critical path back to
    rank 0), an F when the memory allows it, W's to fill time nothing else can use; with
@@ -46,7 +55,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
+from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
 from .placement import LOOPED, V_SHAPE, Placement, check_positive_int
 from .registry import build_schedule, get_spec, register_schedule, schedule_names
 from .simulate import Costs, lower_bound, simulate
@@ -63,28 +72,45 @@ LOCAL_SEARCH_SEEDS = 3
 # --------------------------------------------------------------------------- search context
 
 class SearchContext:
-    """Job numbering, costs and a fast simulator for one (pp, vpp, m, placement, costs).
+    """Job numbering, costs and a fast simulator for one (pp, vpp, m, placement, costs) and one
+    choice of the stages whose backward is split (``split_stages``, default: all).
 
     Job id of (kind, stage, mb) is ``(kind * S + stage) * m + mb`` with S = pp*vpp stages.
+    An unsplit stage's full backward B is searched as its I job with B's cost and memory
+    release, followed by a W job of cost 0 that changes nothing; :meth:`to_jobs` turns that
+    I into B and drops the W (which only waits on its I, on the same rank, so removing it
+    changes no start time).
     """
 
     def __init__(self, pp: int, vpp: int, m: int, placement: str = LOOPED,
-                 costs: Optional[Costs] = None):
+                 costs: Optional[Costs] = None, split_stages: Optional[Sequence[int]] = None):
         self.pp, self.vpp, self.m = pp, vpp, m
         self.placement = Placement(placement, pp, vpp)
         self.costs = costs or Costs()
         self.S = S = pp * vpp
         self.costs.check_stages(S)
+        self.split_stages = frozenset(range(S) if split_stages is None else split_stages)
         self.comm = float(self.costs.comm)
-        #: live-unit change at the end of an F, I, W job (the simulator's calibrated model)
-        self.memory_delta = tuple(self.costs.memory_delta(kind) for kind in KIND_NAMES)
+        split = [s in self.split_stages for s in range(S)]
+        #: live-unit change at the end of an F, I, W job per stage (the simulator's model;
+        #: an unsplit stage's "I" is its B)
+        self.memory_delta = [
+            [self.costs.memory_delta(FORWARD)] * S,
+            [self.costs.memory_delta(BACKWARD_B if split[s] else BACKWARD) for s in range(S)],
+            [self.costs.memory_delta(BACKWARD_W) if split[s] else 0.0 for s in range(S)]]
         self.rank_of = [0] * S
         self.chunk_of = [0] * S
         for s in range(S):
             self.rank_of[s], self.chunk_of[s] = self.placement.rank_chunk(s)
         #: stages held by each rank, in model order (= chunk order)
         self.stages_of = [[self.placement.stage(r, c) for c in range(vpp)] for r in range(pp)]
-        self.cost = [[self.costs.of(kind, s) for s in range(S)] for kind in KIND_NAMES]
+        self.cost = [[self.costs.of(FORWARD, s) for s in range(S)],
+                     [self.costs.of(BACKWARD_B if split[s] else BACKWARD, s) for s in range(S)],
+                     [self.costs.of(BACKWARD_W, s) if split[s] else 0.0 for s in range(S)]]
+        #: the costs the search sees (an unsplit stage: I = tB, W = 0), for the bounds
+        self.effective_costs = replace(self.costs, backward=None,
+                                       backward_b=tuple(self.cost[I]),
+                                       backward_w=tuple(self.cost[W]))
         self.N = 3 * S * m
         # per job: kind, stage, mb, rank, cost, dependency ids
         self.kind_of: List[int] = []
@@ -92,6 +118,7 @@ class SearchContext:
         self.rank_of_job: List[int] = []
         self.cost_of: List[float] = []
         self.deps: List[Tuple[int, ...]] = []
+        self.delta_of: List[float] = []
         for kind in (F, I, W):
             for s in range(S):
                 for mb in range(m):
@@ -99,6 +126,7 @@ class SearchContext:
                     self.stage_of.append(s)
                     self.rank_of_job.append(self.rank_of[s])
                     self.cost_of.append(self.cost[kind][s])
+                    self.delta_of.append(self.memory_delta[kind][s])
                     if kind == F:
                         deps = (self.id(F, s - 1, mb),) if s > 0 else ()
                     elif kind == I:
@@ -110,19 +138,36 @@ class SearchContext:
     def id(self, kind: int, stage: int, mb: int) -> int:
         return (kind * self.S + stage) * self.m + mb
 
-    def job(self, jid: int) -> Job:
+    def job(self, jid: int) -> Optional[Job]:
+        """The job of id ``jid`` (None for the W stand-in of an unsplit stage)."""
         kind, rest = divmod(jid, self.S * self.m)
         stage, mb = divmod(rest, self.m)
+        if stage not in self.split_stages and kind != F:
+            if kind == W:
+                return None
+            return Job(BACKWARD, self.chunk_of[stage], mb)
         return Job(KIND_NAMES[kind], self.chunk_of[stage], mb)
 
     def to_jobs(self, orders: Sequence[Sequence[int]]) -> List[List[Job]]:
-        return [[self.job(j) for j in order] for order in orders]
+        return [[job for job in map(self.job, order) if job is not None] for order in orders]
 
     def from_schedule(self, schedule: Schedule) -> List[List[int]]:
-        """Job ids of a compute-only, split-backward schedule with this placement."""
+        """Job ids of a compute-only schedule with this placement whose split stages are
+        ``split_stages`` (a B becomes its I id followed by its W id)."""
         index = {FORWARD: F, BACKWARD_B: I, BACKWARD_W: W}
-        return [[self.id(index[j.kind], self.placement.stage(r, j.chunk), j.micro_batch)
-                 for j in jobs if j.is_compute] for r, jobs in enumerate(schedule.ranks)]
+        out = []
+        for r, jobs in enumerate(schedule.ranks):
+            row = []
+            for j in jobs:
+                if not j.is_compute:
+                    continue
+                stage = self.placement.stage(r, j.chunk)
+                if j.kind == BACKWARD:
+                    row += [self.id(I, stage, j.micro_batch), self.id(W, stage, j.micro_batch)]
+                else:
+                    row.append(self.id(index[j.kind], stage, j.micro_batch))
+            out.append(row)
+        return out
 
     def simulate(self, orders: Sequence[Sequence[int]], starts: Optional[List[float]] = None
                  ) -> Optional[Tuple[float, float, float]]:
@@ -134,7 +179,7 @@ class SearchContext:
         """
         end = [-1.0] * self.N
         deps, cost, comm, rank_of = self.deps, self.cost_of, self.comm, self.rank_of_job
-        kind_of, delta = self.kind_of, self.memory_delta
+        delta = self.delta_of
         clock = [0.0] * self.pp
         head = [0] * self.pp
         level = [0.0] * self.pp
@@ -164,7 +209,7 @@ class SearchContext:
                         starts[j] = st
                     t = st + cost[j]
                     end[j] = t
-                    lv += delta[kind_of[j]]
+                    lv += delta[j]
                     if lv > peak:
                         peak = lv
                     h += 1
@@ -393,7 +438,7 @@ def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Opt
             last[r] = I
         end = start + cost[kind][s]
         clock[r] = end
-        level[r] += ctx.memory_delta[kind]
+        level[r] += ctx.memory_delta[kind][s]
         orders[r].append(ctx.id(kind, s, mb))
         remaining -= 1
         if kind == F:
@@ -707,29 +752,66 @@ def minimum_memory(pp: int, vpp: int, m: int, w_memory: float = 0.5) -> float:
     return float(vpp) + max(0.0, w_memory - 1.0)
 
 
+def split_stages_of(schedule: Schedule) -> frozenset:
+    """Global stages whose backward ``schedule`` runs as I / W jobs (the others run B)."""
+    return frozenset(schedule.placement.stage(r, j.chunk) for r, jobs in enumerate(schedule.ranks)
+                     for j in jobs if j.kind in (BACKWARD_B, BACKWARD_W))
+
+
 def fixed_candidates(pp: int, vpp: int, m: int, placement: str, costs: Costs):
-    """(name, schedule, makespan, peak) of every registered non-auto schedule with ``placement``."""
+    """(label, schedule, makespan, peak) of every registered non-auto schedule with
+    ``placement``: split (label = name) and, for the ones that do not split by definition,
+    also unsplit (label ``name/B``: every backward a single B job)."""
     out = []
     for name in schedule_names():
         spec = get_spec(name)
         if name in AUTO_NAMES or spec.placement != placement:
             continue
-        try:
-            schedule = build_schedule(name, pp, vpp, m, split_backward=True)
-        except ValueError:
-            continue
-        try:
-            result = simulate(schedule, costs)
-        except ValueError:
-            continue
-        out.append((name, schedule, result.makespan, result.max_peak_memory))
+        variants = [(name, True)] + ([] if spec.splits_backward else [(f"{name}/B", False)])
+        for label, split in variants:
+            try:
+                schedule = build_schedule(name, pp, vpp, m, split_backward=split)
+                result = simulate(schedule, costs)
+            except ValueError:
+                break  # the schedule cannot serve this configuration
+            out.append((label, schedule, result.makespan, result.max_peak_memory))
     return out
+
+
+def split_patterns(costs: Costs, num_stages: int) -> List[frozenset]:
+    """The sets of split stages the search tries: all, none, and (per stage) those where the
+    split costs no extra time (tI + tW <= tB), each once.
+
+    Only "all" when the split is free on every stage and I holds no more than B did
+    (``w_memory <= 1``): then any order with B jobs has a split twin (each B replaced by its
+    I and W back to back) that ends no job later and peaks no higher."""
+    every = frozenset(range(num_stages))
+    cheap = frozenset(s for s in range(num_stages)
+                      if costs.of(BACKWARD_B, s) + costs.of(BACKWARD_W, s)
+                      <= costs.of(BACKWARD, s) + EPS)
+    if cheap == every and costs.w_memory <= 1.0:
+        return [every]
+    out = []
+    for pattern in (every, frozenset(), cheap):
+        if pattern not in out:
+            out.append(pattern)
+    return out
+
+
+def _pattern_label(pattern: frozenset, num_stages: int) -> str:
+    if len(pattern) == num_stages:
+        return "split"
+    if not pattern:
+        return "B"
+    return "split{" + ",".join(map(str, sorted(pattern))) + "}"
 
 
 def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None,
                 memory_limit: Optional[float] = None,
                 placements: Sequence[str] = (LOOPED,), local_search: bool = True) -> AutoResult:
-    """Fastest schedule found whose simulated peak per rank is <= ``memory_limit``."""
+    """Fastest schedule found whose simulated peak per rank is <= ``memory_limit``, over the
+    placements and the split patterns of :func:`split_patterns` (the backward of each stage
+    split into I / W, or one B)."""
     check_positive_int("pp", pp)
     check_positive_int("vpp", vpp)
     check_positive_int("m", m)
@@ -748,68 +830,92 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
         raise ValueError(f"memory_limit must be >= {least:g} (vpp={vpp} units: every valid schedule "
                          f"holds all vpp forwards of a micro-batch on each rank, plus "
                          f"max(0, w_memory-1)), got {memory_limit:g}")
+    costs.check_stages(pp * vpp)
     began = time.perf_counter()
-    best = None  # (makespan, placement, source, job lists)
+    best = None  # (makespan, placement, source, job lists, bound)
     baseline, baseline_span = None, INF
     tried: Dict[str, float] = {}
+    patterns = split_patterns(costs, pp * vpp)
     for placement in placements:
-        target = memory_lower_bound(pp, vpp, m, costs, memory_limit, placement)
-        ctx = SearchContext(pp, vpp, m, placement, costs)
-        pool = []  # (makespan, sum of finish times, source, orders) of every fitting candidate
-        for name, schedule, span, peak in fixed_candidates(pp, vpp, m, placement, costs):
-            tried[f"fixed:{name}@{placement}"] = span
-            if peak <= memory_limit + EPS:
-                if span < baseline_span - EPS:
-                    baseline, baseline_span = name, span
-                orders = ctx.from_schedule(schedule)
-                fast = ctx.simulate(orders)
-                pool.append((span, fast[2] if fast else INF, f"fixed:{name}", orders))
-        if pool and min(item[0] for item in pool) <= target + EPS:
-            policies = []  # a fixed schedule reaches the lower bound: nothing can beat it
-        else:
-            policies = default_policies(pp, vpp, m)
-        for policy in policies:
-            orders = greedy_orders(ctx, memory_limit, policy)
-            result = None if orders is None else ctx.simulate(orders)
-            if result is None:
-                continue
-            span, peak, total = result
-            tried[policy.label() + f"@{placement}"] = span
-            if peak <= memory_limit + EPS:
-                pool.append((span, total, policy.label(), orders))
-        layout = layout_search(ctx, memory_limit) if policies else None
-        if layout is not None:
-            tried[layout[2] + f"@{placement}"] = layout[0]
-            pool.append(layout)
-        pool.sort(key=lambda item: (item[0], item[1]))
-        seen = set()
-        starts = []
-        for item in pool:  # the few best distinct orders seed the local search
-            key = tuple(map(tuple, item[3]))
-            if key not in seen:
-                seen.add(key)
-                starts.append(item)
-            if len(starts) == LOCAL_SEARCH_SEEDS:
-                break
-        for rank_in_pool, (span, _, source, orders) in enumerate(starts):
-            if local_search and span > target + EPS:
-                new_orders, new_span = improve(ctx, orders, memory_limit, target=target)
-                if new_span < span - EPS:
-                    orders, span, source = new_orders, new_span, source + "+local"
-            if best is None or span < best[0] - EPS:
-                best = (span, placement, source, ctx.to_jobs(orders), target)
+        fixed = fixed_candidates(pp, vpp, m, placement, costs)
+        for label, schedule, span, peak in fixed:
+            tried[f"fixed:{label}@{placement}"] = span
+            if peak <= memory_limit + EPS and span < baseline_span - EPS:
+                baseline, baseline_span = label, span
+        for pattern in patterns:
+            ctx = SearchContext(pp, vpp, m, placement, costs, pattern)
+            fits = [(label, schedule, span) for label, schedule, span, peak in fixed
+                    if peak <= memory_limit + EPS and split_stages_of(schedule) == pattern]
+            found = _search_pattern(ctx, memory_limit, fits, tried, local_search)
+            if found is not None and (best is None or found[0] < best[0] - EPS):
+                span, source, orders, bound = found
+                if len(patterns) > 1 and not source.startswith("fixed:"):
+                    source += f"/{_pattern_label(pattern, pp * vpp)}"
+                best = (span, placement, source, ctx.to_jobs(orders), bound)
     if best is None:  # pragma: no cover - reserve policies always succeed for limit >= vpp
         raise ValueError(f"memory_limit {memory_limit:g} admits no schedule the search found "
                          f"for pp={pp}, vpp={vpp}, m={m}")
     span, placement, source, ranks, bound = best
+    split = any(j.kind in (BACKWARD_B, BACKWARD_W) for jobs in ranks for j in jobs)
     schedule = Schedule(name="auto" if placement == LOOPED else "autoV", pp=pp, vpp=vpp, m=m,
                         placement=Placement(placement, pp, vpp), ranks=[list(j) for j in ranks],
-                        split_backward=True,
+                        split_backward=split,
                         options={"costs": costs, "memory_limit": memory_limit, "source": source})
     final = simulate(schedule, costs)  # the reference simulator has the last word
     return AutoResult(schedule, final.makespan, final.max_peak_memory, float(memory_limit),
                       placement, source, baseline, baseline_span, time.perf_counter() - began,
                       bound, tried)
+
+
+def _search_pattern(ctx: SearchContext, memory_limit: float, fits, tried: Dict[str, float],
+                    local_search: bool):
+    """Steps 1-4 of the module doc for one placement and split pattern: (makespan, source,
+    orders, memory lower bound) of the best order found, None if none fits."""
+    placement = ctx.placement.kind
+    pp, vpp, m = ctx.pp, ctx.vpp, ctx.m
+    target = memory_lower_bound(pp, vpp, m, ctx.effective_costs, memory_limit, placement)
+    pool = []  # (makespan, sum of finish times, source, orders) of every fitting candidate
+    for label, schedule, span in fits:
+        orders = ctx.from_schedule(schedule)
+        fast = ctx.simulate(orders)
+        pool.append((span, fast[2] if fast else INF, f"fixed:{label}", orders))
+    if pool and min(item[0] for item in pool) <= target + EPS:
+        policies = []  # a fixed schedule reaches the lower bound: nothing can beat it
+    else:
+        policies = default_policies(pp, vpp, m)
+    suffix = f"@{placement}/{_pattern_label(ctx.split_stages, ctx.S)}"
+    for policy in policies:
+        orders = greedy_orders(ctx, memory_limit, policy)
+        result = None if orders is None else ctx.simulate(orders)
+        if result is None:
+            continue
+        span, peak, total = result
+        tried[policy.label() + suffix] = span
+        if peak <= memory_limit + EPS:
+            pool.append((span, total, policy.label(), orders))
+    layout = layout_search(ctx, memory_limit) if policies else None
+    if layout is not None:
+        tried[layout[2] + suffix] = layout[0]
+        pool.append(layout)
+    pool.sort(key=lambda item: (item[0], item[1]))
+    seen = set()
+    starts = []
+    for item in pool:  # the few best distinct orders seed the local search
+        key = tuple(map(tuple, item[3]))
+        if key not in seen:
+            seen.add(key)
+            starts.append(item)
+        if len(starts) == LOCAL_SEARCH_SEEDS:
+            break
+    best = None
+    for span, _, source, orders in starts:
+        if local_search and span > target + EPS:
+            new_orders, new_span = improve(ctx, orders, memory_limit, target=target)
+            if new_span < span - EPS:
+                orders, span, source = new_orders, new_span, source + "+local"
+        if best is None or span < best[0] - EPS:
+            best = (span, source, orders, target)
+    return best
 
 
 @register_schedule("auto", placement=LOOPED, splits_backward=True)

@@ -8,9 +8,10 @@ as Paddle's auto-parallel engine partitioned it).  None of them imports another.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import FrozenSet, List, Optional, Tuple
 
 from pipesplit.job_list import Schedule, build_schedule
+from pipesplit.job_list.auto import AUTO_NAMES, split_stages_of
 from pipesplit.job_list.registry import accepted_options
 from pipesplit.job_list.simulate import SimResult, simulate
 from pipesplit.job_list.validate import validate
@@ -60,11 +61,36 @@ def make_schedule(config: PipelineConfig) -> Schedule:
     return schedule
 
 
+def split_chunks_of(config: PipelineConfig, num_chunks: int,
+                    schedule: Optional[Schedule] = None) -> FrozenSet[int]:
+    """The chunks (of a program with ``num_chunks`` chunks) whose backward runs as B / W jobs.
+
+    From the schedule's jobs: a stage with backward_b / backward_w jobs is split, one with
+    backward jobs is not (``auto`` decides per stage).  Without a schedule: every chunk when
+    the config splits (``config.splits_backward``), none otherwise; for a searched schedule
+    (auto / autoV, which may leave stages unsplit) the search is run again (it is
+    deterministic).  ``num_chunks`` is ``config.num_stages`` (chunk = global stage) or
+    ``config.vpp_degree`` (chunk = this rank's local chunk, ``config.pp_stage``)."""
+    if schedule is None and config.schedule in AUTO_NAMES:
+        schedule = make_schedule(config)
+    if schedule is None:
+        return frozenset(range(num_chunks)) if config.splits_backward else frozenset()
+    stages = split_stages_of(schedule)
+    if num_chunks == config.num_stages:
+        return stages
+    if num_chunks == config.vpp_degree and config.pp_stage is not None:
+        return frozenset(c for c in range(num_chunks)
+                         if schedule.placement.stage(config.pp_stage, c) in stages)
+    raise ValueError(f"num_chunks must be pp*vpp ({config.num_stages}) or, with pp_stage, vpp "
+                     f"({config.vpp_degree}); got {num_chunks}")
+
+
 def split_sub_programs(main_program, config: PipelineConfig, num_chunks: Optional[int] = None,
                        accumulate: Optional[str] = "config", prepare=None,
-                       fetch_names=None):
+                       fetch_names=None, schedule: Optional[Schedule] = None):
     """(SplitProgram, SplitReport or None): one sub-program per (kind, chunk), with the backward
-    split into B / W when the schedule needs it and gradient accumulation added.
+    split into B / W where the schedule runs I / W jobs (:func:`split_chunks_of`; pass the
+    ``schedule`` the plan runs) and gradient accumulation added.
 
     Works on a clone; the op-creation call stacks Paddle would record are skipped (speed).
     ``num_chunks``: default every virtual stage.  ``accumulate``: default the config's mode;
@@ -77,8 +103,10 @@ def split_sub_programs(main_program, config: PipelineConfig, num_chunks: Optiona
         if prepare is not None:
             prepare(work)
         complete_program(work)
-        splits = config.splits_backward and has_backward(work)  # evaluation: nothing to split
-        report = split_backward(work) if splits else None
-        split = split_program(work, num_chunks, split_backward=splits,
-                              accumulate=mode, completed=True, fetch_names=fetch_names)
+        chunks = split_chunks_of(config, num_chunks, schedule)
+        splits = bool(chunks) and has_backward(work)  # evaluation: nothing to split
+        report = split_backward(work, chunks=chunks) if splits else None
+        split = split_program(work, num_chunks, split_backward=chunks if splits else False,
+                              accumulate=mode, completed=True, fetch_names=fetch_names,
+                              num_micro_batches=config.num_micro_batches)
     return split, report

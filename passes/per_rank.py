@@ -357,13 +357,13 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     validate(lowered)  # a bad order is rejected before anything starts
     placement = schedule.placement
 
-    split, report = split_sub_programs(main_program, config)
+    split, report = split_sub_programs(main_program, config, schedule=schedule)
 
     stages = {c: placement.stage(rank, c) for c in range(config.vpp_degree)}
     stage_to_chunk = {s: c for c, s in stages.items()}
+    # a stage's backward is one job or B / W as its schedule runs it (split_chunks_of)
     compute_kinds = (["forward"] if schedule.is_forward_only
-                     else ["forward", "backward_b", "backward_w"] if config.splits_backward
-                     else ["forward", "backward"])
+                     else ["forward", "backward", "backward_b", "backward_w"])
 
     # ownership of persistable names by rank (from the compute programs that use them)
     owners: Dict[str, Set[int]] = {}
@@ -385,7 +385,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     programs: Dict[str, object] = {}
     for c, s in stages.items():
         for kind in compute_kinds:
-            programs[f"{kind}{c}"] = split.programs[f"{kind}{s}"]
+            if f"{kind}{s}" in split.programs:
+                programs[f"{kind}{c}"] = split.programs[f"{kind}{s}"]
 
     transfers = cross_rank_transfers(split, schedule)
     ring_ids = p2p_ring_ids(schedule) if backend == "nccl" else {}
@@ -443,7 +444,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     used = dict.fromkeys(t for t, _ in job_order)
     rank_split = SplitProgram(
         programs={t: programs[t] for t in programs},
-        num_chunks=config.vpp_degree, split_backward=config.splits_backward,
+        num_chunks=config.vpp_degree, split_backward=split.split_backward,
         handoffs={n: h for n, h in split.handoffs.items()
                   if parse_job_type(h.producer)[1] in stage_to_chunk
                   or any(parse_job_type(c)[1] in stage_to_chunk for c in h.consumers)},

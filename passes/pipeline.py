@@ -51,7 +51,7 @@ def split_and_schedule(main_program, startup_program, config: PipelineConfig) ->
         schedule = schedule.forward_only()
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)
-    split, report = split_sub_programs(main_program, config)
+    split, report = split_sub_programs(main_program, config, schedule=schedule)
     job_order = emulated_job_order(schedule, config.costs)
     plan = make_plan(job_order, split.programs, config.num_micro_batches, split.required_vars)
     return PipelinePlan(config, schedule, lowered, job_order, split, plan, report)

@@ -29,12 +29,14 @@ def baseline(kind: str, optimizer: str, num_stages: int, m: int, place=None):
     return run_unsplit_baseline(built, STEPS, m, place=place)
 
 
-def run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward=False, place=None):
-    """Train ``STEPS`` steps with the plan; return (losses[step][mb], params, PipelinePlan)."""
+def run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward=False, place=None,
+                 **attrs):
+    """Train ``STEPS`` steps with the plan; return (losses[step][mb], params, PipelinePlan).
+    ``attrs``: further pass attrs (e.g. ``costs`` for auto)."""
     built = model(kind, optimizer, pp * vpp, m * MICRO_BATCH_SIZE)
     pipeline = apply_pipeline(built.main, built.startup, schedule,
                               dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp,
-                                   split_backward=split_backward))
+                                   split_backward=split_backward, **attrs))
     scope = init_scope(built, pipeline.split, place=place)
     runner = PlanRunner(pipeline.plan, scope, place=place)
     losses = [runner.step(built.make_batch(step)) for step in range(STEPS)]
@@ -42,9 +44,9 @@ def run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward=False, pl
 
 
 def assert_matches_unsplit(kind, optimizer, schedule, pp, vpp, m, split_backward=False,
-                           place=None):
+                           place=None, **attrs):
     losses, params, pipeline = run_pipeline(kind, optimizer, schedule, pp, vpp, m, split_backward,
-                                            place)
+                                            place, **attrs)
     ref_losses, ref_params = baseline(kind, optimizer, pp * vpp, m, place)
     loss_diff = float(np.max(np.abs(losses - np.array(ref_losses, dtype=np.float64))))
     param_diff = max(float(np.max(np.abs(params[n] - ref_params[n]))) for n in ref_params)

@@ -214,3 +214,24 @@ def test_with_split_backward_pass():
     assert split.programs["backward_w0"].global_block().num_ops() > 0
     losses, params = _run_split(model, split, m)
     _compare(model, losses, params, m)
+
+
+def test_split_program_per_chunk_split_and_bad_chunks():
+    """split_backward as a chunk set: those chunks get backward_b / backward_w, the others one
+    backward sub-program; bad chunk ids are refused, the input program unchanged."""
+    from pipesplit.ir_utils.split_backward import split_backward
+    model = build_mlp(3, optimizer="sgd", batch_size=8)
+    before = len(model.main.global_block().ops)
+    for bad in ({3}, {-1}, {True}):
+        with pytest.raises(ValueError, match="split_backward must be a bool or chunk ids"):
+            split_program(model.main, 3, split_backward=bad)
+    assert len(model.main.global_block().ops) == before
+    work = model.main.clone()
+    complete_program(work)
+    report = split_backward(work, chunks={1})
+    assert set(c for c, n in report.w_ops.items() if n) == {1}
+    split = split_program(work, 3, split_backward={1}, completed=True)
+    assert {"backward0", "backward_b1", "backward_w1", "backward2"} <= set(split.programs)
+    assert not {"backward1", "backward_b0", "backward_w2"} & set(split.programs)
+    with pytest.raises(ValueError, match="chunks must be chunk ids"):
+        split_backward(model.main.clone(), chunks={-2})

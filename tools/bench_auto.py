@@ -8,10 +8,19 @@ of the same placement whose simulated peak fits the memory limit (default: 1F1B'
 ``min(pp, m) * vpp`` units), the auto result, :func:`memory_lower_bound` (where the fixed
 schedule meets it, no schedule can beat it), its peak and source, and the search time.
 Configurations where no fixed schedule fits the limit are counted apart, not as wins.
+
+    python -m pipesplit.tools.bench_auto --split-grid
+
+instead compares ``auto`` / ``autoV`` with every registered schedule of the placement, split and
+unsplit (``name/B``), for the profiled cost files under ``tests/data`` (``pipesplit profile``;
+there tI + tW is 1.1-2.2x tB) and the three cost models of ``bench_frameworks``: the best
+registered makespan at no more peak than auto's, auto's, the split pattern auto chose (``B``:
+no stage split, ``split``: every stage, ``split{...}``: those stages) and the search time.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional, Sequence
 
@@ -86,13 +95,93 @@ def run(pps: Sequence[int], vpps: Sequence[int], placements: Sequence[str],
     return summary
 
 
+#: the repository's profiled cost files (a source checkout; pass --costs-dir otherwise)
+PROFILED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "tests", "data")
+
+
+def profiled_costs(cost_dir: str) -> List[tuple]:
+    """(label, Costs) of every profiled cost file (``profiled_*.json``) in ``cost_dir``."""
+    if not os.path.isdir(cost_dir):
+        raise ValueError(f"costs dir {cost_dir!r} is not a directory (profiled_*.json files "
+                         "from `pipesplit profile --json`)")
+    return [(name[len("profiled_"):-len(".json")], Costs.load(os.path.join(cost_dir, name)))
+            for name in sorted(os.listdir(cost_dir))
+            if name.startswith("profiled_") and name.endswith(".json")]
+
+
+def _pattern(schedule) -> str:
+    from pipesplit.job_list.auto import split_stages_of
+    split = split_stages_of(schedule)
+    if not split:
+        return "B"
+    if len(split) == schedule.num_stages:
+        return "split"
+    return "split{" + ",".join(map(str, sorted(split))) + "}"
+
+
+def run_split_grid(cost_dir: str = PROFILED_DIR, out=sys.stdout) -> dict:
+    """Print auto vs the best registered schedule (split or not) at no more memory; return
+    {"rows": n, "slower": n (must be 0), "max_seconds": s, "patterns": {pattern: n}}."""
+    import time
+    from pipesplit.job_list import build_schedule
+    from pipesplit.job_list.auto import AUTO_NAMES, fixed_candidates
+    from pipesplit.job_list.simulate import simulate
+    from pipesplit.tools.bench_frameworks import COST_MODELS as FRAMEWORK_MODELS
+    models = profiled_costs(cost_dir) + [(label, costs) for label, costs, _ in FRAMEWORK_MODELS]
+    summary = {"rows": 0, "slower": 0, "max_seconds": 0.0, "patterns": {}}
+    print(f"{'costs':22} {'sched':6} {'pp':>3} {'vpp':>3} {'m':>3} {'best registered':>22} "
+          f"{'auto':>8} {'gain%':>6} {'pattern':>12} {'time s':>7}", file=out)
+    for label, costs in models:
+        for pp in (2, 4):
+            for vpp in (1, 2):
+                stages = pp * vpp
+                if any(isinstance(getattr(costs, f), (list, tuple)) and
+                       len(getattr(costs, f)) != stages
+                       for f in ("forward", "backward_b", "backward_w")):
+                    continue
+                for name, placement in zip(AUTO_NAMES, (LOOPED, V_SHAPE)):
+                    if placement == V_SHAPE and vpp % 2:
+                        continue
+                    for m in (pp, 2 * pp, 4 * pp):
+                        began = time.perf_counter()
+                        mine = build_schedule(name, pp, vpp, m, costs=costs)
+                        seconds = time.perf_counter() - began
+                        sim = simulate(mine, costs)
+                        fits = [(span, lab) for lab, _, span, peak in
+                                fixed_candidates(pp, vpp, m, placement, costs)
+                                if peak <= sim.max_peak_memory + 1e-9]
+                        best = min(fits) if fits else None
+                        gain = 100.0 * (best[0] - sim.makespan) / best[0] if best else 0.0
+                        pattern = _pattern(mine)
+                        summary["rows"] += 1
+                        summary["slower"] += bool(best and sim.makespan > best[0] + 1e-9)
+                        summary["max_seconds"] = max(summary["max_seconds"], seconds)
+                        kind = "mixed" if "{" in pattern else pattern
+                        summary["patterns"][kind] = summary["patterns"].get(kind, 0) + 1
+                        shown = f"{best[1]}={best[0]:.4g}" if best else "-"
+                        print(f"{label:22} {name:6} {pp:3d} {vpp:3d} {m:3d} {shown:>22} "
+                              f"{sim.makespan:8.4g} {gain:6.1f} {pattern:>12} {seconds:7.2f}",
+                              file=out)
+    print(f"{summary['rows']} configurations; auto slower than a registered schedule at no more "
+          f"memory on {summary['slower']}; patterns chosen {summary['patterns']}; slowest "
+          f"search {summary['max_seconds']:.2f} s", file=out)
+    return summary
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pp", default="2,4,8")
     parser.add_argument("--vpp", default="1,2,4")
     parser.add_argument("--placement", default="both", choices=("looped", "v", "both"))
     parser.add_argument("--memory-limit", type=float, default=None)
+    parser.add_argument("--split-grid", action="store_true",
+                        help="auto vs every registered schedule, split or not, on profiled costs")
+    parser.add_argument("--costs-dir", default=PROFILED_DIR,
+                        help="profiled_*.json cost files for --split-grid (default tests/data)")
     args = parser.parse_args(argv)
+    if args.split_grid:
+        return 1 if run_split_grid(args.costs_dir)["slower"] else 0
     placements = {"looped": (LOOPED,), "v": (V_SHAPE,), "both": (LOOPED, V_SHAPE)}[args.placement]
     run(_ints(args.pp), _ints(args.vpp), placements, args.memory_limit)
     return 0
