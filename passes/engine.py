@@ -258,7 +258,8 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
         found.extend(p2p_to_handoffs(work, rank, schedule))
 
     split, report = split_sub_programs(main_program, config, num_chunks=config.vpp_degree,
-                                       accumulate=None, prepare=prepare, fetch_names=[])
+                                       accumulate=None, prepare=prepare, fetch_names=[],
+                                       schedule=schedule)
     _check_against_schedule(found, lowered, rank)
     programs = dict(split.programs)
     optimizer = programs[OPTIMIZER]
