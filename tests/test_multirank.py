@@ -161,11 +161,17 @@ def test_two_ranks_match_emulation(tmp_path):
     proc, logs = _launch([os.path.abspath(__file__), "--worker", spec, out], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs[0][-3000:] \
         + logs[1][-3000:]
-    for i, cfg in enumerate(GRID):
-        where = " ".join(cfg)
+    check_grid_results(out, GRID, pp=2)
+
+
+def check_grid_results(out, grid, pp):
+    """Each configuration's losses and every parameter (written by the workers under ``out``)
+    equal the one-process emulation within TOL."""
+    for i, cfg in enumerate(grid):
+        where = f"pp={pp} " + " ".join(cfg)
         rec = json.loads((out / f"cfg{i}.json").read_text())
         params = np.load(out / f"cfg{i}.npz")
-        losses, ref_params = _emulate(cfg + STEPS)
+        losses, ref_params = _emulate(cfg + STEPS, pp=pp)
         got = np.array(rec["losses"])
         assert got.shape == losses.shape, where
         assert float(np.max(np.abs(got - losses))) <= TOL, where

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_multirank import TRAIN, _emulate, _launch, _rank_plans  # noqa: E402
+from test_multirank import TRAIN, _launch, _rank_plans, check_grid_results  # noqa: E402
 
 TOL = 1e-6
 STEPS = ["--steps", "2"]
@@ -149,18 +149,7 @@ def _check_grid(tmp_path, nproc):
     proc, logs = _launch([WORKER, "--worker", spec, out], tmp_path, timeout=600, nproc=nproc)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + "".join(
         log[-2000:] for log in logs.values())
-    for i, cfg in enumerate(grid):
-        where = f"pp={nproc} " + " ".join(cfg)
-        rec = json.loads((out / f"cfg{i}.json").read_text())
-        params = np.load(out / f"cfg{i}.npz")
-        losses, ref_params = _emulate(cfg + STEPS, pp=nproc)
-        got = np.array(rec["losses"])
-        assert got.shape == losses.shape, where
-        assert float(np.max(np.abs(got - losses))) <= TOL, where
-        assert set(params.files) == set(ref_params), where
-        diff = max(float(np.max(np.abs(params[n] - ref_params[n]))) for n in ref_params)
-        assert diff <= TOL, f"{where}: parameters differ from the emulation by {diff:.3g}"
-        assert rec["max_param_diff"] <= TOL, where
+    check_grid_results(out, grid, pp=nproc)
 
 
 @pytest.mark.slow
