@@ -52,9 +52,11 @@ COMM_KINDS = ("send_forward", "recv_forward", "send_backward", "recv_backward")
 STAGE_KINDS = ("forward", "backward", "backward_b", "backward_w") + COMM_KINDS
 FORMAT = "pipesplit-profile/1"
 #: how :meth:`MemoryStats.settled_current` waits for the executor's GC thread: the live bytes
-#: must stay unchanged for SETTLE_POLLS polls SETTLE_POLL_S apart
+#: must stay unchanged, with no other thread runnable, for SETTLE_POLLS polls SETTLE_POLL_S
+#: apart; other threads busy for SETTLE_TIMEOUT_S seconds is an error
 SETTLE_POLL_S = 0.002
 SETTLE_POLLS = 10
+SETTLE_TIMEOUT_S = 30.0
 #: whole-step runs whose smallest allocator peak is a schedule's measured peak (the GC thread
 #: lagging behind only ever raises a peak, so the minimum is the repeatable value)
 PEAK_RUNS = 3
@@ -89,21 +91,52 @@ class MemoryStats:
     def reset_peak(self) -> None:
         self._reset("Allocated", self.device_id)
 
-    def settled_current(self, poll_s: float = SETTLE_POLL_S, polls: int = SETTLE_POLLS) -> int:
+    def settled_current(self, poll_s: float = SETTLE_POLL_S, polls: int = SETTLE_POLLS,
+                        timeout_s: float = SETTLE_TIMEOUT_S) -> int:
         """:meth:`current` once the executor's garbage collector has caught up.
 
         On CPU Paddle's executor frees dead tensors on a garbage-collector thread of its own
         (the interpreter's event GC), so right after ``run`` returns some frees may still be
-        queued, more of them the busier the machine.  The allocated bytes only fall while that
-        queue drains (every allocation of the run is done), so the value is read once it has
-        not changed for ``polls`` consecutive polls."""
-        last, unchanged = self.current(), 0
-        while unchanged < polls:
+        queued, more of them the busier the machine.  Every allocation of the run is done by
+        then, so the value is read once the live bytes have not changed for ``polls``
+        consecutive polls while no other thread of the process was runnable (a GC thread with
+        frees queued is runnable even while the machine's load keeps it off the CPU, which a
+        fixed quiet period alone cannot tell from a finished one).  Raises ``RuntimeError``
+        naming the threads when they stay busy for ``timeout_s`` seconds."""
+        deadline = time.monotonic() + timeout_s
+        last, quiet = self.current(), 0
+        while True:
             time.sleep(poll_s)
+            busy = _busy_threads()
             now = self.current()
-            unchanged = unchanged + 1 if now == last else 0
+            quiet = quiet + 1 if not busy and now == last else 0
+            if quiet >= polls:
+                return now
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"memory measurement: threads {busy} of this process stayed runnable for "
+                    f"{timeout_s} s after an executor run, so the executor's garbage collector "
+                    "cannot be seen to have caught up; measure memory in a process that runs "
+                    "nothing else meanwhile")
             last = now
-        return last
+
+
+def _busy_threads() -> List[int]:
+    """Threads of this process, other than the calling one, that are runnable or in an
+    uninterruptible wait (``/proc`` state R or D)."""
+    own = threading.get_native_id()
+    busy = []
+    for tid in _threads():
+        if tid == own:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+        if state in (b"R", b"D"):
+            busy.append(tid)
+    return busy
 
 
 @contextlib.contextmanager
