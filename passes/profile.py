@@ -158,20 +158,77 @@ def serial_executor(enabled: bool = True):
 
 
 def run_behind_gc(fn: Callable[[], T]) -> T:
-    """``fn()`` on a thread of the idle scheduling class (``SCHED_IDLE``), every thread of the
-    process on one CPU meanwhile, so that the executor's garbage-collector thread runs as soon
-    as it has tensors to free, before the step allocates anything more.
+    """``fn()`` with every thread of the process on one CPU and the executor's garbage-collector
+    thread ahead of the caller, so that it runs as soon as it has tensors to free, before the
+    step allocates anything more.
 
     On CPU, Paddle's executor frees dead tensors on that thread, asynchronously; it can fall
     several ops behind, the more the busier the machine, and every tensor it has not freed yet
-    adds to the allocator's peak: peaks of one step varied by 5-20% between runs.  A normal
-    thread that wakes up preempts an idle-class one at once, and on one CPU the GC thread cannot
-    run beside the step, only instead of it: the peak is then the one the program's order of
-    allocations and frees gives, the same in every run (checked under a load of 7 on 2 cores).
-    Costs about 0.1 s per measured step here.  (Scheduling classes and affinities are Linux
-    features; elsewhere ``fn`` runs on the calling thread.)"""
+    adds to the allocator's peak: peaks of one step varied by 5-20% between runs.  On one CPU
+    the GC thread cannot run beside the step, only instead of it; and when it is ahead of the
+    caller, it runs the moment it is woken: the peak is then the one the program's order of
+    allocations and frees gives, the same in every run.
+
+    How the GC thread is put ahead (:func:`gc_priority`): where the process may use real-time
+    scheduling (root, or ``CAP_SYS_NICE``), every other thread of the process runs
+    ``SCHED_FIFO`` meanwhile, which preempts any normal thread of any process, so even a busy
+    machine cannot delay a free (24 of 24 runs gave the same peak under a load of 4 on 2
+    cores).  Otherwise ``fn`` runs on a thread of the idle class (``SCHED_IDLE``), which a
+    woken normal thread preempts; other processes' threads can then still delay the GC thread,
+    and on a busy machine about one run in five reads a higher peak (hence :data:`PEAK_RUNS`).
+    (Scheduling classes and affinities are Linux features; elsewhere ``fn`` runs on the calling
+    thread.)"""
     if not sys.platform.startswith("linux"):
         return fn()
+    with _on_one_cpu():
+        if gc_priority() == "realtime":
+            with _other_threads_realtime():
+                return fn()
+        return _on_idle_thread(fn)
+
+
+def gc_priority() -> str:
+    """How :func:`run_behind_gc` puts the GC thread ahead here: ``"realtime"`` where this process
+    may use ``SCHED_FIFO``, else ``"idle"`` (see there)."""
+    global _GC_PRIORITY
+    if _GC_PRIORITY is None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            _GC_PRIORITY = "realtime"
+        except (PermissionError, OSError, AttributeError):
+            _GC_PRIORITY = "idle"
+    return _GC_PRIORITY
+
+
+_GC_PRIORITY: Optional[str] = None
+
+
+@contextlib.contextmanager
+def _other_threads_realtime():
+    """Every thread of the process but the caller on ``SCHED_FIFO`` for the block (normal
+    scheduling restored after it)."""
+    own = threading.get_native_id()
+    raised = []
+    try:
+        for tid in _threads():
+            if tid != own:
+                try:
+                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+                    raised.append(tid)
+                except ProcessLookupError:  # the thread ended meanwhile
+                    pass
+        yield
+    finally:
+        for tid in raised:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            except ProcessLookupError:
+                pass
+
+
+def _on_idle_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on a new thread of the idle scheduling class; its result or exception here."""
     result = {}
 
     def body():
@@ -181,10 +238,9 @@ def run_behind_gc(fn: Callable[[], T]) -> T:
         except BaseException as exc:  # re-raised on the calling thread
             result["error"] = exc
 
-    with _on_one_cpu():
-        thread = threading.Thread(target=body, name="pipesplit-memory-measurement")
-        thread.start()
-        thread.join()
+    thread = threading.Thread(target=body, name="pipesplit-memory-measurement")
+    thread.start()
+    thread.join()
     if "error" in result:
         raise result["error"]
     return result["value"]
@@ -595,7 +651,7 @@ def profile_jobs(model, pp: int, vpp: int = 1, m: Optional[int] = None, *, repea
     meta = dict(model=kind, pp=pp, vpp=vpp, m=m, num_stages=num_stages,
                 batch_size=model.batch_size, micro_batch_size=model.batch_size // m,
                 repeats=repeats, inner=inner, place=str(place), time_unit="ms",
-                memory_unit="bytes", paddle=paddle.__version__,
+                memory_unit="bytes", paddle=paddle.__version__, gc_priority=gc_priority(),
                 profile_seconds=round(time.perf_counter() - t_start, 2))
     for key, value in model_options.items():
         if isinstance(value, (int, float, str)):
@@ -729,7 +785,7 @@ def measure_schedule(model, schedule: str, pp: int, vpp: int, m: int, profile: P
         "sim_makespan": sim.makespan,
         "sim_busy_ms": sum(sim.busy),
         "optimizer_ms": float(profile.times.get("optimizer", 0.0)),
-        "pp": pp, "vpp": vpp, "m": m,
+        "pp": pp, "vpp": vpp, "m": m, "gc_priority": gc_priority(),
     }
 
 
