@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence
 
 from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER, OPTIMIZER_ACTION, Action,
                  Job, Schedule)
+from .bounds import lower_bound
 from .placement import LOOPED, Placement, check_positive_int
 from .simulate import SimResult
 
@@ -344,7 +345,6 @@ def schedule_dict(schedule: Schedule, sim: Optional[SimResult] = None) -> dict:
         "ranks": [[str(a) for a in schedule.actions(r)] for r in range(schedule.pp)],
     }
     if sim is not None:
-        from .simulate import lower_bound
         data["jobs"] = [
             {"rank": t.rank, "index": t.index, "job": str(sim.schedule.to_action(t.rank, t.job)),
              "kind": t.job.kind, "chunk": t.job.chunk, "micro_batch": t.job.micro_batch,
