@@ -26,10 +26,11 @@ from __future__ import annotations
 import heapq
 from typing import Dict, List, Optional, Tuple
 
-from .deps import DependencyGraph, job_key
+from .deps import DependencyGraph
 from .ir import (FORWARD, OPTIMIZER, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
                  Job, Schedule)
 from .simulate import Costs, SimResult, simulate
+from .validate import ScheduleError, execute, validate
 
 RankJob = Tuple[int, Job]
 Slot = Tuple[int, int]  # (rank, index in that rank's compute list)
@@ -194,41 +195,8 @@ def _comm_pairs(compute: Schedule, graph: DependencyGraph,
 
 def _replay(schedule: Schedule) -> List[RankJob]:
     """Run a lowered schedule sequentially under rendezvous semantics, lowest rank first."""
-    from .validate import ScheduleError, validate
-
     validate(schedule)  # names the deadlock, if any; below cannot then get stuck
-    graph = DependencyGraph(schedule)
-    done = set()
-    head = [0] * schedule.pp
     sequence: List[RankJob] = []
-    total = sum(len(jobs) for jobs in schedule.ranks)
-    while len(sequence) < total:
-        progressed = False
-        for rank, jobs in enumerate(schedule.ranks):
-            while head[rank] < len(jobs):
-                job = jobs[head[rank]]
-                if job.is_compute:
-                    # Cross-rank inputs arrived through recvs earlier on this rank (validated).
-                    if any(job_key(schedule, r, d) not in done
-                           for r, d in graph.dependencies(rank, job) if r == rank):
-                        break
-                    done.add(job_key(schedule, rank, job))
-                elif job.kind in (SEND_FORWARD, SEND_BACKWARD):
-                    peer, match = graph.comm_partner(rank, job)
-                    peer_jobs = schedule.ranks[peer]
-                    if head[peer] >= len(peer_jobs) or peer_jobs[head[peer]] != match:
-                        break
-                    sequence.append((rank, job))
-                    head[rank] += 1
-                    sequence.append((peer, match))
-                    head[peer] += 1
-                    progressed = True
-                    continue
-                elif job.is_comm:
-                    break  # a recv completes from its sender's side
-                sequence.append((rank, job))
-                head[rank] += 1
-                progressed = True
-        if not progressed:
-            raise ScheduleError("lowered schedule cannot finish (validate passed; inconsistent input)")
+    if not execute(schedule, record=sequence.append).state.finished:
+        raise ScheduleError("lowered schedule cannot finish (validate passed; inconsistent input)")
     return sequence

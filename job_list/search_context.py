@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
 from .costs import Costs
+from .events import walk
 from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
 from .placement import LOOPED, Placement
 
@@ -85,6 +86,8 @@ class SearchContext:
                     else:
                         deps = (self.id(I, s, mb),)
                     self.deps.append(deps)
+        #: per job: its dependencies as (id, rank) pairs, the table of :func:`events.walk`
+        self.needs = [tuple((d, self.rank_of_job[d]) for d in deps) for deps in self.deps]
 
     def id(self, kind: int, stage: int, mb: int) -> int:
         return (kind * self.S + stage) * self.m + mb
@@ -128,46 +131,8 @@ class SearchContext:
         Same timing as :func:`simulate.simulate`; the peak is the running level after each job
         in list order, never below the simulator's (which frees first on equal end times).
         """
-        end = [-1.0] * self.N
-        deps, cost, comm, rank_of = self.deps, self.cost_of, self.comm, self.rank_of_job
-        delta = self.delta_of
-        clock = [0.0] * self.pp
-        head = [0] * self.pp
-        level = [0.0] * self.pp
-        peak = 0.0
-        remaining = sum(len(o) for o in orders)
-        while remaining:
-            progressed = False
-            for r, order in enumerate(orders):
-                h, t, lv = head[r], clock[r], level[r]
-                n = len(order)
-                while h < n:
-                    j = order[h]
-                    st = t
-                    ok = True
-                    for d in deps[j]:
-                        e = end[d]
-                        if e < 0:
-                            ok = False
-                            break
-                        if rank_of[d] != r:
-                            e += comm
-                        if e > st:
-                            st = e
-                    if not ok:
-                        break
-                    if starts is not None:
-                        starts[j] = st
-                    t = st + cost[j]
-                    end[j] = t
-                    lv += delta[j]
-                    if lv > peak:
-                        peak = lv
-                    h += 1
-                if h != head[r]:
-                    remaining -= h - head[r]
-                    head[r], clock[r], level[r] = h, t, lv
-                    progressed = True
-            if not progressed:
-                return None
-        return max(clock), peak, sum(clock)
+        state = walk(orders, self.needs, self.cost_of, self.N, comm=self.comm,
+                     delta=self.delta_of, starts=starts)
+        if not state.finished:
+            return None
+        return max(state.clock), state.peak, sum(state.clock)

@@ -12,7 +12,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .bounds import lower_bound  # noqa: F401  (re-exported: simulate.lower_bound)
 from .costs import COST_FIELDS, EXTRA_FIELDS, Costs  # noqa: F401  (re-exported)
 from .deps import DependencyGraph
-from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, Job, Schedule
+from .events import walk
+from .ir import Job, Schedule
+from .validate import ScheduleError, explain_deadlock
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,6 @@ class SimResult:
 
 def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     """Time every compute job of ``schedule`` (send / recv jobs are skipped)."""
-    from .validate import ScheduleError, explain_deadlock  # validate imports nothing of ours back
-
     costs = costs if costs is not None else Costs()
     if not isinstance(costs, Costs):
         raise TypeError(f"costs must be a Costs, got {type(costs).__name__}")
@@ -62,55 +62,22 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
                         f"{type(schedule).__name__}")
     costs.check_stages(schedule.num_stages)
     graph = DependencyGraph(schedule)
-    table = graph.dependency_table()
-    stage_of_id = [stage for stage, _, _ in graph.keys]
-    cost = _cost_table(costs, schedule.num_stages)
-    comm = costs.comm
-    end: List[Optional[float]] = [None] * len(graph.keys)  # per key id
+    # a dependency no rank runs has nothing to wait for (as dependencies())
+    by_id = graph.dependency_by_id()
+    needs = by_id if all(dep >= 0 for refs in by_id for dep, _ in refs) else \
+        [tuple(ref for ref in refs if ref[0] >= 0) for refs in by_id]
+    cost = _key_costs(costs, graph.keys)
     timeline: List[List[TimedJob]] = [[] for _ in range(schedule.pp)]
-    clock = [0.0] * schedule.pp
-    head = [0] * schedule.pp
-    remaining = sum(1 for row in graph.key_ids for kid in row if kid >= 0)
+    keys, key_ids, ranks = graph.keys, graph.key_ids, schedule.ranks
 
-    while remaining:
-        progressed = False
-        for rank, jobs in enumerate(schedule.ranks):
-            index, count = head[rank], len(jobs)
-            deps, ids, row = table[rank], graph.key_ids[rank], timeline[rank]
-            while index < count:
-                kid = ids[index]
-                if kid < 0:  # send / recv / optimizer: no time of its own
-                    index += 1
-                    continue
-                start = clock[rank]
-                for dep, dep_rank in deps[index]:
-                    if dep < 0:
-                        continue  # no rank runs it: nothing to wait for (as dependencies())
-                    finished = end[dep]
-                    if finished is None:
-                        break
-                    if dep_rank != rank:
-                        finished += comm
-                    if finished > start:
-                        start = finished
-                else:
-                    job = jobs[index]
-                    stage = stage_of_id[kid]
-                    try:
-                        finish = start + cost[job.kind][stage]
-                    except IndexError:  # placement has more stages than pp*vpp: costs.of raises
-                        finish = start + costs.of(job.kind, stage)
-                    end[kid] = finish
-                    row.append(TimedJob(rank, index, job, stage, start, finish))
-                    clock[rank] = finish
-                    index += 1
-                    remaining -= 1
-                    progressed = True
-                    continue
-                break  # a dependency has not finished yet
-            head[rank] = index
-        if not progressed:
-            raise ScheduleError(explain_deadlock(schedule.compute_only()))
+    def record(rank: int, index: int, start: float, end: float) -> None:
+        timeline[rank].append(TimedJob(rank, index, ranks[rank][index],
+                                       keys[key_ids[rank][index]][0], start, end))
+
+    state = walk(graph.key_ids, needs, cost, len(graph.keys), comm=costs.comm, on_run=record)
+    if not state.finished:
+        raise ScheduleError(explain_deadlock(schedule.compute_only()))
+    clock = state.clock
     makespan = max(clock) if timeline else 0.0
     busy = [sum(t.end - t.start for t in row) for row in timeline]
     curves = [_memory_curve(row, costs) for row in timeline]
@@ -118,10 +85,16 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     return SimResult(schedule, costs, timeline, makespan, busy, peaks, curves)
 
 
-def _cost_table(costs: Costs, num_stages: int) -> Dict[str, List[float]]:
-    """kind -> per-stage cost, so the event loop indexes lists instead of calling ``costs.of``."""
-    return {kind: [costs.of(kind, stage) for stage in range(num_stages)]
-            for kind in (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W)}
+def _key_costs(costs: Costs, keys) -> List[float]:
+    """Cost per key id; ``costs.of`` checks its arguments, so once per (kind, stage)."""
+    table: Dict[Tuple[str, int], float] = {}
+    out = []
+    for stage, kind, _ in keys:
+        value = table.get((kind, stage))
+        if value is None:
+            value = table[kind, stage] = costs.of(kind, stage)
+        out.append(value)
+    return out
 
 
 def _memory_curve(row: Sequence[TimedJob], costs: Costs) -> List[Tuple[float, float]]:
