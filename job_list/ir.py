@@ -21,6 +21,9 @@ RECV_FORWARD = "recv_forward"
 SEND_BACKWARD = "send_backward"
 RECV_BACKWARD = "recv_backward"
 OPTIMIZER = "optimizer"
+#: a generator's (local chunk, micro-batch) pair; in job_list ``chunk`` is always a rank's local
+#: chunk and ``stage`` a global virtual stage (``Placement.stage(rank, chunk)``)
+Slot = Tuple[int, int]
 #: ``Schedule.options`` key of an evaluation schedule: forward jobs only (see ``forward_only``)
 FORWARD_ONLY = "forward_only"
 

@@ -33,7 +33,9 @@ from .simulate import Costs, SimResult, simulate
 from .validate import ScheduleError, execute, validate
 
 RankJob = Tuple[int, Job]
-Slot = Tuple[int, int]  # (rank, index in that rank's compute list)
+#: where a compute job sits: (rank, index in that rank's compute list); generators' ``Slot`` is
+#: (chunk, micro-batch), a different thing
+Position = Tuple[int, int]
 
 
 def comm_kinds(producer: Job) -> Tuple[str, str]:
@@ -94,7 +96,7 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
         for t in row:
             starts[t.rank][t.index], ends[t.rank][t.index] = t.start, t.end
     events = _comm_pairs(compute, graph, ends)
-    # Per slot (rank, index): its comm pairs not yet emitted, and the ids of the pairs it feeds.
+    # Per position (rank, index): its comm pairs not yet emitted, and the ids of the pairs it feeds.
     pending = [[0] * len(jobs) for jobs in compute.ranks]
     by_producer: List[List[Optional[List[int]]]] = [[None] * len(jobs) for jobs in compute.ranks]
     for ident, (_, (dep_rank, dep_index), (rank, index)) in enumerate(events):
@@ -170,15 +172,15 @@ def _job_maker():
 
 
 def _comm_pairs(compute: Schedule, graph: DependencyGraph,
-                ends: List[List[float]]) -> List[Tuple[tuple, Slot, Slot]]:
-    """One (heap key, producer, consumer) per cross-rank dependency, as (rank, index) slots.
+                ends: List[List[float]]) -> List[Tuple[tuple, Position, Position]]:
+    """One (heap key, producer, consumer) per cross-rank dependency, as (rank, index) positions.
 
     The key is the producer's simulated end: the pair is due as soon as the data exists, and
     goes before compute jobs starting at that same time (0 < 1 in the key's second field).
     The producer is the last job with the dependency's key (there is one unless the schedule
     repeats a job).
     """
-    where: List[Slot] = [(-1, -1)] * len(graph.keys)  # key id -> its last slot
+    where: List[Position] = [(-1, -1)] * len(graph.keys)  # key id -> its last position
     for rank, ids in enumerate(graph.key_ids):
         for index, kid in enumerate(ids):
             where[kid] = (rank, index)

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from .deps import DependencyGraph, JobKey, job_key, short
 from .events import WalkState, walk
-from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OPTIMIZER, RECV_BACKWARD,
+from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OP_OF_KIND, OPTIMIZER, RECV_BACKWARD,
                  RECV_FORWARD, Job, Schedule)
 
 
@@ -66,7 +66,7 @@ def _check_completeness(schedule: Schedule, graph: Optional[DependencyGraph] = N
         if len(where) > 1:
             key = graph.keys[kid]
             at = ", ".join(f"rank {rank} job #{index}" for rank, index in where)
-            raise ScheduleError(f"job {key[0]}{_op(key[1])}{key[2]} appears {len(where)} times "
+            raise ScheduleError(f"job {key[0]}{OP_OF_KIND[key[1]]}{key[2]} appears {len(where)} times "
                                 f"({at}); each (stage, kind, micro-batch) runs once")
 
     present = set(graph.keys)  # every count is 1 from here on
@@ -122,7 +122,7 @@ def _check_local_order(schedule: Schedule, graph: Optional[DependencyGraph] = No
             if need and (stage, need, mb) not in seen:
                 job = jobs[index]
                 raise ScheduleError(f"rank {rank}, job #{index} ({short(schedule, rank, job)}) "
-                                    f"comes before its {stage}{_op(need)}{mb}")
+                                    f"comes before its {stage}{OP_OF_KIND[need]}{mb}")
             seen.add(key)
 
 
@@ -149,10 +149,6 @@ def _check_comm_pairs(schedule: Schedule, graph: Optional[DependencyGraph] = Non
             peer_job = Job(peer_kind, peer_chunk, mb)
             raise ScheduleError(f"rank {rank}: {short(schedule, rank, job)} has no matching "
                                 f"{short(schedule, peer_rank, peer_job)} on rank {peer_rank}")
-
-
-def _op(kind: str) -> str:
-    return {FORWARD: "F", BACKWARD: "B", BACKWARD_B: "I", BACKWARD_W: "W"}[kind]
 
 
 # ---------------------------------------------------------------------- symbolic execution
@@ -316,7 +312,7 @@ def _blocker(schedule: Schedule, graph: DependencyGraph, lowered: bool, done: Se
             for key in graph.required_keys(rank, job):
                 found = graph.resolve(key)
                 if found is None:
-                    return f"{key[0]}{_op(key[1])}{key[2]}, which no rank runs", None
+                    return f"{key[0]}{OP_OF_KIND[key[1]]}{key[2]}, which no rank runs", None
                 dep_rank, dep = found
                 dep_key = job_key(schedule, dep_rank, dep)
                 if dep_rank != rank and lowered:

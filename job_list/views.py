@@ -19,8 +19,7 @@ import math
 from fractions import Fraction
 from typing import List, Optional, Sequence
 
-from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER, OPTIMIZER_ACTION, Action,
-                 Job, Schedule)
+from .ir import BACKWARD_B, BACKWARD_W, OPTIMIZER, OPTIMIZER_ACTION, Action, Job, Schedule
 from .bounds import lower_bound
 from .placement import LOOPED, Placement, check_positive_int
 from .simulate import SimResult
@@ -30,7 +29,6 @@ __all__ = ["ascii_grid", "chrome_trace", "plot_timeline", "to_csv", "from_csv", 
 
 #: colours of the compute ops in :func:`plot_timeline` (F, full B, I = backward_b, W = backward_w)
 OP_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
-_OP_NAMES = {"F": FORWARD, "B": BACKWARD, "I": BACKWARD_B, "W": BACKWARD_W}
 _MAX_GRID_COLUMNS = 2000
 #: with a width, at most this many bands of columns before the time step grows (a grid taller
 #: than this is no longer read as one picture)

@@ -23,17 +23,15 @@ micro-batch).
 from __future__ import annotations
 
 from collections import deque
-from typing import List, Sequence, Tuple
+from typing import List, Sequence
 
 from .classic import grouped_order, interleaved_warmup, micro_batch_groups
 from .costs import Costs
 from .greedy import GreedyPolicy, greedy_orders
-from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job
+from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job, Slot
 from .placement import LOOPED, V_SHAPE
 from .registry import register_schedule
 from .search_context import SearchContext
-
-Slot = Tuple[int, int]  # (chunk, micro_batch)
 
 
 def _f(slot: Slot) -> Job:
