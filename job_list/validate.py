@@ -14,6 +14,7 @@ from .deps import DependencyGraph, JobKey, job_key, short
 from .events import WalkState, walk
 from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OP_OF_KIND, OPTIMIZER, RECV_BACKWARD,
                  RECV_FORWARD, Job, Schedule)
+from .views import step_grid
 
 
 class ScheduleError(ValueError):
@@ -299,7 +300,9 @@ def _run(schedule: Schedule, graph: Optional[DependencyGraph] = None) -> Optiona
     head = execution.state.head
     blocker = _blocker(schedule, execution.graph, lowered, execution.done(),
                        execution.received(), head)
-    return _describe(schedule, head, blocker)
+    grid = step_grid(schedule, frozenset(execution.state.blocked()))
+    return (_describe(schedule, head, blocker)
+            + "\nper rank, the jobs in list order; [blocked] heads:\n" + grid)
 
 
 def _blocker(schedule: Schedule, graph: DependencyGraph, lowered: bool, done: Set[JobKey],
