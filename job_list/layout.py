@@ -28,6 +28,57 @@ def layout_orders(ctx: SearchContext, warmup: Sequence[int], deferred: Sequence[
     return out
 
 
+class _LayoutEvaluator:
+    """Simulates layouts once each (cached) and counts the simulations."""
+
+    def __init__(self, ctx: SearchContext, limit: float):
+        self.ctx, self.limit, self.evals = ctx, limit, 0
+        self.cache: Dict[Tuple, Optional[Tuple[float, float, List[List[int]]]]] = {}
+
+    def __call__(self, warmup: Sequence[int], deferred: Sequence[int], group: int
+                 ) -> Optional[Tuple[float, float, List[List[int]]]]:
+        """(makespan, sum of finish times, orders) of the layout; None if it does not fit."""
+        key = (tuple(warmup), tuple(deferred), group)
+        if key not in self.cache:
+            self.evals += 1
+            orders = layout_orders(self.ctx, warmup, deferred, group)
+            result = self.ctx.simulate(orders)
+            self.cache[key] = None if result is None or result[1] > self.limit + EPS else \
+                (result[0], result[2], orders)
+        return self.cache[key]
+
+
+def _layout_moves(warmup: List[int], deferred: List[int]):
+    """(warmup, deferred) neighbours of a layout, in the order the descent tries them."""
+    moves = []
+    for r in range(len(warmup)):
+        for delta in (1, -1):
+            w = list(warmup)
+            w[r] += delta
+            moves.append((w, deferred))
+            d = list(deferred)
+            d[r] += delta
+            moves.append((warmup, d))
+        moves.append(([x + 1 if q <= r else x for q, x in enumerate(warmup)], deferred))
+    return moves
+
+
+def _layout_seeds(ctx: SearchContext, evaluate: _LayoutEvaluator):
+    """The best of the ZB-H1 / InterleavedZB layouts (warm-up per hop 1 or 2, W's deferred
+    or not, micro-batch groups of pp or m): (span, sum, warmup, deferred, group, orders)."""
+    pp, vpp, m = ctx.pp, ctx.vpp, ctx.m
+    best = None
+    for group in sorted({pp, m} if m < 2 * pp else {pp}):
+        for per_hop in (1, 2):
+            warmup = [min(vpp * m, w) for w in interleaved_warmup(pp, vpp, m, per_hop=per_hop,
+                                                                    group_size=group)]
+            for deferred in ([r for r in range(pp)], [0] * pp):
+                found = evaluate(warmup, deferred, group)
+                if found and (best is None or (found[0], found[1]) < (best[0], best[1])):
+                    best = (found[0], found[1], list(warmup), list(deferred), group, found[2])
+    return best
+
+
 def layout_search(ctx: SearchContext, limit: float, max_evals: int = 400
                   ) -> Optional[Tuple[float, float, str, List[List[int]]]]:
     """Coordinate descent over the per-rank warm-up counts and W deferrals of the ZB-H1 /
@@ -41,51 +92,17 @@ def layout_search(ctx: SearchContext, limit: float, max_evals: int = 400
     """
     if ctx.placement.kind != LOOPED:
         return None
-    pp, vpp, m = ctx.pp, ctx.vpp, ctx.m
-    total = vpp * m
-    best = None  # (span, sum, warmup, deferred, group, orders)
-    evals = 0
-    cache: Dict[Tuple, Optional[Tuple[float, float, float]]] = {}
-
-    def evaluate(warmup, deferred, group):
-        nonlocal evals
-        key = (tuple(warmup), tuple(deferred), group)
-        if key not in cache:
-            evals += 1
-            orders = layout_orders(ctx, warmup, deferred, group)
-            result = ctx.simulate(orders)
-            cache[key] = None if result is None or result[1] > limit + EPS else \
-                (result[0], result[2], orders)
-        return cache[key]
-
-    groups = sorted({pp, m} if m < 2 * pp else {pp})
-    for group in groups:
-        for per_hop in (1, 2):
-            warmup = [min(total, w) for w in interleaved_warmup(pp, vpp, m, per_hop=per_hop,
-                                                                  group_size=group)]
-            for deferred in ([r for r in range(pp)], [0] * pp):
-                found = evaluate(warmup, deferred, group)
-                if found and (best is None or (found[0], found[1]) < (best[0], best[1])):
-                    best = (found[0], found[1], list(warmup), list(deferred), group, found[2])
+    total = ctx.vpp * ctx.m
+    evaluate = _LayoutEvaluator(ctx, limit)
+    best = _layout_seeds(ctx, evaluate)  # (span, sum, warmup, deferred, group, orders)
     if best is None:
         return None
     improved = True
-    while improved and evals < max_evals:
+    while improved and evaluate.evals < max_evals:
         improved = False
         span, total_end, warmup, deferred, group, _ = best
-        moves = []
-        for r in range(pp):
-            for delta in (1, -1):
-                w = list(warmup)
-                w[r] += delta
-                moves.append((w, deferred))
-                d = list(deferred)
-                d[r] += delta
-                moves.append((warmup, d))
-            w = [x + 1 if q <= r else x for q, x in enumerate(warmup)]
-            moves.append((w, deferred))
-        for w, d in moves:
-            if evals >= max_evals:
+        for w, d in _layout_moves(warmup, deferred):
+            if evaluate.evals >= max_evals:
                 break
             if any(x < 0 or x > total for x in w) or any(x < 0 or x > total for x in d):
                 continue
