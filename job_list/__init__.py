@@ -5,7 +5,9 @@ from .ir import (Action, Job, Schedule, KINDS, COMPUTE_KINDS, COMM_KINDS, FORWAR
                  OPTIMIZER)
 from .placement import LOOPED, V_SHAPE, Placement
 from .registry import build_schedule, get_spec, register_schedule, schedule_names, serves
-from .simulate import Costs, SimResult, lower_bound, simulate
+from .bounds import lower_bound
+from .costs import Costs
+from .simulate import SimResult, simulate
 from .validate import ScheduleError, validate
 from . import classic  # registers FThenB/GPipe, 1F1B, Eager1F1B, VPP/Interleaved1F1B, LoopedBFS
 from .lower import global_order, lower_comm, peer_of

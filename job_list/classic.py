@@ -17,13 +17,11 @@ the warm-up covers the largest group.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
-from .ir import BACKWARD, FORWARD, Job
+from .ir import BACKWARD, FORWARD, Job, Slot
 from .placement import check_positive_int
 from .registry import register_schedule
-
-Slot = Tuple[int, int]  # (chunk, micro_batch)
 
 
 # --------------------------------------------------------------------------- shared pieces

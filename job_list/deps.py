@@ -89,6 +89,7 @@ class DependencyGraph:
                     self._rank_of_id.append(rank)
                 row.append(kid)
             self.key_ids.append(row)
+        self._by_id: Optional[List[Tuple[DepRef, ...]]] = None
         self._dependency_table: Optional[List[List[Optional[Tuple[DepRef, ...]]]]] = None
         self._peers: Dict[Tuple[int, str, int], Optional[Tuple[int, str, int]]] = {}
 
@@ -115,11 +116,10 @@ class DependencyGraph:
         """Rank of the (first) job with key id ``kid``."""
         return self._rank_of_id[kid]
 
-    def dependency_table(self) -> List[List[Optional[Tuple[DepRef, ...]]]]:
-        """``table[rank][index]``: for a compute job, one (key id, rank) per :meth:`required_keys`
-        entry, resolved, in that order (:data:`MISSING` where no rank runs it); None for others.
-        Computed once per graph (per key id, so duplicate jobs share their tuple)."""
-        if self._dependency_table is None:
+    def dependency_by_id(self) -> List[Tuple[DepRef, ...]]:
+        """Per key id: one (key id, rank) per :meth:`required_keys` entry, resolved, in that
+        order (:data:`MISSING` where no rank runs it).  Computed once per graph."""
+        if self._by_id is None:
             id_of, rank_of_id = self._id_of, self._rank_of_id
             num_stages = self.schedule.num_stages
             by_id = []
@@ -134,6 +134,14 @@ class DependencyGraph:
                         kid = id_of.get((other, BACKWARD_B, mb), -1)
                     refs.append(MISSING if kid < 0 else (kid, rank_of_id[kid]))
                 by_id.append(tuple(refs))
+            self._by_id = by_id
+        return self._by_id
+
+    def dependency_table(self) -> List[List[Optional[Tuple[DepRef, ...]]]]:
+        """``table[rank][index]``: :meth:`dependency_by_id` of that compute job; None for
+        others.  Computed once per graph (duplicate jobs share their tuple)."""
+        if self._dependency_table is None:
+            by_id = self.dependency_by_id()
             self._dependency_table = [[None if kid < 0 else by_id[kid] for kid in row]
                                       for row in self.key_ids]
         return self._dependency_table

@@ -21,6 +21,9 @@ RECV_FORWARD = "recv_forward"
 SEND_BACKWARD = "send_backward"
 RECV_BACKWARD = "recv_backward"
 OPTIMIZER = "optimizer"
+#: a generator's (local chunk, micro-batch) pair; in job_list ``chunk`` is always a rank's local
+#: chunk and ``stage`` a global virtual stage (``Placement.stage(rank, chunk)``)
+Slot = Tuple[int, int]
 #: ``Schedule.options`` key of an evaluation schedule: forward jobs only (see ``forward_only``)
 FORWARD_ONLY = "forward_only"
 
@@ -39,6 +42,24 @@ KIND_OF_OP = {op: kind for kind, op in OP_OF_KIND.items()}
 OPTIMIZER_ACTION = "OPT"
 
 _ACTION_RE = re.compile(r"^(\d+)(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B)(\d+)$")
+#: a job type: a kind followed by its chunk / stage number (longest kind first: backward_b
+#: before backward)
+_TYPE_RE = re.compile(r"^(" + "|".join(sorted((k for k in KINDS if k != OPTIMIZER), key=len,
+                                               reverse=True)) + r")(\d+)$")
+
+
+def parse_job_type(job_type: str) -> Tuple[str, Optional[int]]:
+    """The one parser of job-type strings (:attr:`Job.type`): ``"backward_b3"`` ->
+    ``("backward_b", 3)``, ``"send_forward0"`` -> ``("send_forward", 0)``, ``"optimizer"`` ->
+    ``("optimizer", None)``.  The number is what the type's writer put there: a chunk in a
+    schedule's job types, a global stage in per-stage profiles."""
+    if job_type == OPTIMIZER:
+        return OPTIMIZER, None
+    match = _TYPE_RE.match(job_type) if isinstance(job_type, str) else None
+    if not match:
+        raise ValueError(f"not a pipesplit job type: {job_type!r} (expected a kind of {KINDS} "
+                         f"followed by a number, or {OPTIMIZER!r})")
+    return match.group(1), int(match.group(2))
 
 
 @dataclass(frozen=True, order=True)
@@ -63,7 +84,8 @@ class Job:
 
     @property
     def type(self) -> str:
-        """Paddle's job-type string, e.g. ``forward0``, ``backward_b1``, ``optimizer``."""
+        """Paddle's job-type string, e.g. ``forward0``, ``backward_b1``, ``optimizer``
+        (:func:`parse_job_type` reads it back)."""
         return OPTIMIZER if self.kind == OPTIMIZER else f"{self.kind}{self.chunk}"
 
     @property

@@ -26,13 +26,16 @@ from __future__ import annotations
 import heapq
 from typing import Dict, List, Optional, Tuple
 
-from .deps import DependencyGraph, job_key
+from .deps import DependencyGraph
 from .ir import (FORWARD, OPTIMIZER, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
                  Job, Schedule)
 from .simulate import Costs, SimResult, simulate
+from .validate import ScheduleError, execute, validate
 
 RankJob = Tuple[int, Job]
-Slot = Tuple[int, int]  # (rank, index in that rank's compute list)
+#: where a compute job sits: (rank, index in that rank's compute list); generators' ``Slot`` is
+#: (chunk, micro-batch), a different thing
+Position = Tuple[int, int]
 
 
 def comm_kinds(producer: Job) -> Tuple[str, str]:
@@ -93,7 +96,7 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
         for t in row:
             starts[t.rank][t.index], ends[t.rank][t.index] = t.start, t.end
     events = _comm_pairs(compute, graph, ends)
-    # Per slot (rank, index): its comm pairs not yet emitted, and the ids of the pairs it feeds.
+    # Per position (rank, index): its comm pairs not yet emitted, and the ids of the pairs it feeds.
     pending = [[0] * len(jobs) for jobs in compute.ranks]
     by_producer: List[List[Optional[List[int]]]] = [[None] * len(jobs) for jobs in compute.ranks]
     for ident, (_, (dep_rank, dep_index), (rank, index)) in enumerate(events):
@@ -169,15 +172,15 @@ def _job_maker():
 
 
 def _comm_pairs(compute: Schedule, graph: DependencyGraph,
-                ends: List[List[float]]) -> List[Tuple[tuple, Slot, Slot]]:
-    """One (heap key, producer, consumer) per cross-rank dependency, as (rank, index) slots.
+                ends: List[List[float]]) -> List[Tuple[tuple, Position, Position]]:
+    """One (heap key, producer, consumer) per cross-rank dependency, as (rank, index) positions.
 
     The key is the producer's simulated end: the pair is due as soon as the data exists, and
     goes before compute jobs starting at that same time (0 < 1 in the key's second field).
     The producer is the last job with the dependency's key (there is one unless the schedule
     repeats a job).
     """
-    where: List[Slot] = [(-1, -1)] * len(graph.keys)  # key id -> its last slot
+    where: List[Position] = [(-1, -1)] * len(graph.keys)  # key id -> its last position
     for rank, ids in enumerate(graph.key_ids):
         for index, kid in enumerate(ids):
             where[kid] = (rank, index)
@@ -194,41 +197,8 @@ def _comm_pairs(compute: Schedule, graph: DependencyGraph,
 
 def _replay(schedule: Schedule) -> List[RankJob]:
     """Run a lowered schedule sequentially under rendezvous semantics, lowest rank first."""
-    from .validate import ScheduleError, validate
-
     validate(schedule)  # names the deadlock, if any; below cannot then get stuck
-    graph = DependencyGraph(schedule)
-    done = set()
-    head = [0] * schedule.pp
     sequence: List[RankJob] = []
-    total = sum(len(jobs) for jobs in schedule.ranks)
-    while len(sequence) < total:
-        progressed = False
-        for rank, jobs in enumerate(schedule.ranks):
-            while head[rank] < len(jobs):
-                job = jobs[head[rank]]
-                if job.is_compute:
-                    # Cross-rank inputs arrived through recvs earlier on this rank (validated).
-                    if any(job_key(schedule, r, d) not in done
-                           for r, d in graph.dependencies(rank, job) if r == rank):
-                        break
-                    done.add(job_key(schedule, rank, job))
-                elif job.kind in (SEND_FORWARD, SEND_BACKWARD):
-                    peer, match = graph.comm_partner(rank, job)
-                    peer_jobs = schedule.ranks[peer]
-                    if head[peer] >= len(peer_jobs) or peer_jobs[head[peer]] != match:
-                        break
-                    sequence.append((rank, job))
-                    head[rank] += 1
-                    sequence.append((peer, match))
-                    head[peer] += 1
-                    progressed = True
-                    continue
-                elif job.is_comm:
-                    break  # a recv completes from its sender's side
-                sequence.append((rank, job))
-                head[rank] += 1
-                progressed = True
-        if not progressed:
-            raise ScheduleError("lowered schedule cannot finish (validate passed; inconsistent input)")
+    if not execute(schedule, record=sequence.append).state.finished:
+        raise ScheduleError("lowered schedule cannot finish (validate passed; inconsistent input)")
     return sequence

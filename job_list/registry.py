@@ -79,13 +79,24 @@ def _did_you_mean(name: str) -> str:
     return " (did you mean " + " or ".join(repr(n) for n in names) + "?)"
 
 
+def accepts_option(function: Callable, name: str) -> bool:
+    """True if ``function`` takes a keyword argument ``name`` (or ``**kwargs``): the one rule
+    for which options reach a generator (also the cli's)."""
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    if name in params and params[name].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                inspect.Parameter.KEYWORD_ONLY):
+        return True
+    return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def accepted_options(name: str, options: dict) -> dict:
     """The subset of ``options`` that schedule ``name``'s generator takes (e.g. only ``auto``
     takes ``costs`` and ``memory_limit``)."""
-    parameters = inspect.signature(get_spec(name).generator).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
-        return dict(options)
-    return {key: value for key, value in options.items() if key in parameters}
+    generator = get_spec(name).generator
+    return {key: value for key, value in options.items() if accepts_option(generator, key)}
 
 
 def split_backward_jobs(ranks: Sequence[Sequence[Job]]) -> List[List[Job]]:

@@ -7,11 +7,14 @@ its cross-rank inputs through a recv that ran earlier on its own rank.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from .deps import DependencyGraph, JobKey, job_key, short
-from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OPTIMIZER, RECV_BACKWARD,
+from .events import WalkState, walk
+from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OP_OF_KIND, OPTIMIZER, RECV_BACKWARD,
                  RECV_FORWARD, Job, Schedule)
+from .views import step_grid
 
 
 class ScheduleError(ValueError):
@@ -64,7 +67,7 @@ def _check_completeness(schedule: Schedule, graph: Optional[DependencyGraph] = N
         if len(where) > 1:
             key = graph.keys[kid]
             at = ", ".join(f"rank {rank} job #{index}" for rank, index in where)
-            raise ScheduleError(f"job {key[0]}{_op(key[1])}{key[2]} appears {len(where)} times "
+            raise ScheduleError(f"job {key[0]}{OP_OF_KIND[key[1]]}{key[2]} appears {len(where)} times "
                                 f"({at}); each (stage, kind, micro-batch) runs once")
 
     present = set(graph.keys)  # every count is 1 from here on
@@ -120,7 +123,7 @@ def _check_local_order(schedule: Schedule, graph: Optional[DependencyGraph] = No
             if need and (stage, need, mb) not in seen:
                 job = jobs[index]
                 raise ScheduleError(f"rank {rank}, job #{index} ({short(schedule, rank, job)}) "
-                                    f"comes before its {stage}{_op(need)}{mb}")
+                                    f"comes before its {stage}{OP_OF_KIND[need]}{mb}")
             seen.add(key)
 
 
@@ -149,13 +152,9 @@ def _check_comm_pairs(schedule: Schedule, graph: Optional[DependencyGraph] = Non
                                 f"{short(schedule, peer_rank, peer_job)} on rank {peer_rank}")
 
 
-def _op(kind: str) -> str:
-    return {FORWARD: "F", BACKWARD: "B", BACKWARD_B: "I", BACKWARD_W: "W"}[kind]
-
-
 # ---------------------------------------------------------------------- symbolic execution
 #
-# _execute runs the schedule on integer tables (the hot loop of validate); only when it gets
+# execute runs the schedule with events.walk on integer tables (the hot loop of validate); only when it gets
 # stuck does _run rebuild the job-level state and ask _blocker why, for the message.  The state
 # it reaches is the same whatever the order ranks are tried in: running a job never stops
 # another from running, so the deadlock (if any) and its explanation do not depend on it.
@@ -198,76 +197,112 @@ def _comm_steps(schedule: Schedule, graph: DependencyGraph) -> List[List[Optiona
     return steps
 
 
-def _execute(schedule: Schedule, graph: DependencyGraph, lowered: bool
-             ) -> Tuple[List[int], bytearray, List[bytearray]]:
-    """Run every rank as far as it goes: (head per rank, done flag per key id, per rank the
-    received flag per key id of the remote producer).
+@dataclass
+class Execution:
+    """The end state of :func:`execute`: the walk, and per (rank, key id of a remote producer)
+    the id that stands for "its data arrived on that rank" (lowered schedules)."""
+
+    state: WalkState
+    graph: DependencyGraph
+    arrivals: Dict[Tuple[int, int], int]
+
+    def done(self) -> Set[JobKey]:
+        end = self.state.end
+        return {key for kid, key in enumerate(self.graph.keys) if end[kid] >= 0}
+
+    def received(self) -> Set[Tuple[int, JobKey]]:
+        end, keys = self.state.end, self.graph.keys
+        return {(rank, keys[dep]) for (rank, dep), aid in self.arrivals.items() if end[aid] >= 0}
+
+
+def _needs(graph: DependencyGraph, lowered: bool, never: int, arrivals: Dict[Tuple[int, int], int]
+           ) -> List[Tuple[Tuple[int, int], ...]]:
+    """The walk's table: a producer no rank runs becomes ``never`` (an id nothing marks done);
+    in a lowered schedule a remote producer becomes the id of its data's arrival."""
+    by_id = graph.dependency_by_id()
+    if not lowered and all(dep >= 0 for refs in by_id for dep, _ in refs):
+        return by_id  # the common case: every producer runs, nothing travels through recvs
+    needs = []
+    for kid, refs in enumerate(by_id):
+        rank = graph.rank_of_id(kid)
+        row = []
+        for dep, dep_rank in refs:
+            if dep < 0:
+                row.append((never, rank))
+            elif lowered and dep_rank != rank:
+                aid = arrivals.setdefault((rank, dep), never + 1 + len(arrivals))
+                row.append((aid, rank))
+            else:
+                row.append((dep, dep_rank))
+        needs.append(tuple(row))
+    return needs
+
+
+def execute(schedule: Schedule, graph: Optional[DependencyGraph] = None,
+            record: Optional[Callable[[Tuple[int, Job]], None]] = None) -> Execution:
+    """Run every rank as far as it goes (:func:`events.walk`, no durations); ``record`` gets
+    each (rank, job) as it runs, a send directly followed by its recv.
 
     A compute job needs each producer done — or, in a lowered schedule when the producer is on
-    another rank, its data received by a recv earlier on this rank.
+    another rank, its data received by a recv earlier on this rank.  A send completes together
+    with its recv when the data it sends exists and the peer's head is that recv (rendezvous).
     """
-    table = graph.dependency_table()
-    steps = _comm_steps(schedule, graph)
-    tokens = [[(job.kind, job.chunk, job.micro_batch) for job in jobs] for jobs in schedule.ranks]
-    done = bytearray(len(graph.keys))
-    received = [bytearray(len(graph.keys)) for _ in schedule.ranks]
-    head = [0] * schedule.pp
-    lengths = [len(jobs) for jobs in schedule.ranks]
-    progressed = True
-    while progressed:
-        progressed = False
-        for rank, deps_row in enumerate(table):
-            index, end = head[rank], lengths[rank]
-            ids, steps_row, arrived = graph.key_ids[rank], steps[rank], received[rank]
-            while index < end:
-                deps = deps_row[index]
-                if deps is not None:  # a compute job
-                    for dep, dep_rank in deps:
-                        if dep < 0:
-                            break  # no rank runs it
-                        if lowered and dep_rank != rank:
-                            if not arrived[dep]:
-                                break
-                        elif not done[dep]:
-                            break
-                    else:
-                        done[ids[index]] = 1
-                        index += 1
-                        progressed = True
-                        continue
-                    break
-                step = steps_row[index]
-                code = step[0]
-                if code == _SEND_STEP:
-                    _, peer, peer_token, source = step
-                    if source < 0 or not done[source]:
-                        break
-                    peer_head = head[peer]
-                    if peer_head >= lengths[peer] or tokens[peer][peer_head] != peer_token:
-                        break
-                    received[peer][source] = 1  # the pair completes: the peer's recv runs too
-                    head[peer] = peer_head + 1
-                elif code == _RECV_STEP:
-                    break  # completes together with its send, from the sender's side
-                elif code == _NO_PEER_STEP:
-                    graph.comm_partner(rank, step[1])  # raises its "has no peer stage" ValueError
-                index += 1
-                progressed = True
-            head[rank] = index
-    return head, done, received
+    graph = graph or DependencyGraph(schedule)
+    lowered = any(job.is_comm for jobs in schedule.ranks for job in jobs)
+    never = len(graph.keys)
+    arrivals: Dict[Tuple[int, int], int] = {}
+    needs = _needs(graph, lowered, never, arrivals)
+    has_other = any(kid < 0 for row in graph.key_ids for kid in row)
+    steps = _comm_steps(schedule, graph) if has_other else []
+    tokens = [[(job.kind, job.chunk, job.micro_batch) for job in jobs] for jobs in schedule.ranks] \
+        if lowered else []
+    ranks = schedule.ranks
+
+    def other(state: WalkState, rank: int, index: int) -> bool:
+        step = steps[rank][index]
+        code = step[0]
+        if code == _SEND_STEP:
+            _, peer, peer_token, source = step
+            if source < 0 or state.end[source] < 0:
+                return False
+            peer_head = state.head[peer]
+            if peer_head >= len(ranks[peer]) or tokens[peer][peer_head] != peer_token:
+                return False
+            aid = arrivals.get((peer, source))
+            if aid is not None:
+                state.end[aid] = 0.0
+            state.head[peer] = peer_head + 1  # the pair completes: the peer's recv runs too
+            if record is not None:
+                record((rank, ranks[rank][index]))
+                record((peer, ranks[peer][peer_head]))
+            return True
+        if code == _RECV_STEP:
+            return False  # completes together with its send, from the sender's side
+        if code == _NO_PEER_STEP:
+            graph.comm_partner(rank, step[1])  # raises its "has no peer stage" ValueError
+        if record is not None:
+            record((rank, ranks[rank][index]))
+        return True
+
+    on_run = None if record is None else (lambda rank, index, start, end:
+                                          record((rank, ranks[rank][index])))
+    state = walk(graph.key_ids, needs, [0.0] * (never + 1 + len(arrivals)),
+                 never + 1 + len(arrivals), other=other if has_other else None, on_run=on_run)
+    return Execution(state, graph, arrivals)
 
 
 def _run(schedule: Schedule, graph: Optional[DependencyGraph] = None) -> Optional[str]:
     """Execute the schedule symbolically; return a deadlock explanation or None."""
-    graph = graph or DependencyGraph(schedule)
-    lowered = any(job.is_comm for jobs in schedule.ranks for job in jobs)
-    head, done_ids, received_ids = _execute(schedule, graph, lowered)
-    if all(h >= len(jobs) for h, jobs in zip(head, schedule.ranks)):
+    execution = execute(schedule, graph)
+    if execution.state.finished:
         return None
-    done = {graph.keys[kid] for kid, flag in enumerate(done_ids) if flag}
-    received = {(rank, graph.keys[kid]) for rank, flags in enumerate(received_ids)
-                for kid, flag in enumerate(flags) if flag}
-    return _describe(schedule, head, _blocker(schedule, graph, lowered, done, received, head))
+    lowered = any(job.is_comm for jobs in schedule.ranks for job in jobs)
+    head = execution.state.head
+    blocker = _blocker(schedule, execution.graph, lowered, execution.done(),
+                       execution.received(), head)
+    grid = step_grid(schedule, frozenset(execution.state.blocked()))
+    return (_describe(schedule, head, blocker)
+            + "\nper rank, the jobs in list order; [blocked] heads:\n" + grid)
 
 
 def _blocker(schedule: Schedule, graph: DependencyGraph, lowered: bool, done: Set[JobKey],
@@ -280,7 +315,7 @@ def _blocker(schedule: Schedule, graph: DependencyGraph, lowered: bool, done: Se
             for key in graph.required_keys(rank, job):
                 found = graph.resolve(key)
                 if found is None:
-                    return f"{key[0]}{_op(key[1])}{key[2]}, which no rank runs", None
+                    return f"{key[0]}{OP_OF_KIND[key[1]]}{key[2]}, which no rank runs", None
                 dep_rank, dep = found
                 dep_key = job_key(schedule, dep_rank, dep)
                 if dep_rank != rank and lowered:

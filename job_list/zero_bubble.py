@@ -14,7 +14,7 @@ where the W's go (which fills the bubbles and sets the memory peak).
   ZB-H1 W deferral (PyTorch's ``ScheduleInterleavedZeroBubble``); any vpp.
 * ``ZBV``    — V placement, vpp = 2, PyTorch's ``ScheduleZBVZeroBubble`` phases.
 * ``ZBVPP``  — V / zig-zag placement, any even vpp: the zero-bubble V schedule built by the
-  greedy list scheduler of :mod:`auto` at unit costs under 1F1B's memory (``pp*vpp`` units),
+  greedy list scheduler of :mod:`greedy` at unit costs under 1F1B's memory (``pp*vpp`` units),
   as Paddle's ZBVPP builds its job list with sail-sg's ``v_schedule`` greedy.
 
 Memory is counted as in :mod:`simulate` (units of one virtual stage's activations for one
@@ -23,14 +23,15 @@ micro-batch).
 from __future__ import annotations
 
 from collections import deque
-from typing import List, Sequence, Tuple
+from typing import List, Sequence
 
 from .classic import grouped_order, interleaved_warmup, micro_batch_groups
-from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job
+from .costs import Costs
+from .greedy import GreedyPolicy, greedy_orders
+from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job, Slot
 from .placement import LOOPED, V_SHAPE
 from .registry import register_schedule
-
-Slot = Tuple[int, int]  # (chunk, micro_batch)
+from .search_context import SearchContext
 
 
 def _f(slot: Slot) -> Job:
@@ -185,9 +186,6 @@ def _zbv_rank(pp: int, m: int, rank: int) -> List[Job]:
 def zbvpp(pp: int, vpp: int, m: int) -> List[List[Job]]:
     """ZB-VPP: zero-bubble V / zig-zag schedule for any even vpp at 1F1B's memory (pp*vpp units)."""
     require_vpp("ZBVPP", vpp, even=True)
-    from .auto import SearchContext, greedy_orders, GreedyPolicy
-    from .simulate import Costs
-
     context = SearchContext(pp, vpp, m, V_SHAPE, Costs(1.0, None, 1.0, 1.0))
     orders = greedy_orders(context, float(pp * vpp), GreedyPolicy())
     if orders is None:  # the strict reservation rule never deadlocks

@@ -23,12 +23,13 @@ sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD)
+from pipesplit.job_list.ir import (COMM_KINDS as _COMM_KINDS, COMPUTE_KINDS as _COMPUTE_KINDS,
+                                   RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
+                                   parse_job_type)
 from pipesplit.job_list.lower import global_order, lower_comm, peer_of
 from pipesplit.job_list.validate import validate
 
@@ -45,20 +46,6 @@ from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  #
                                     ring_pair, world_ring_comm)
 
 DEVICES = ("auto", "cpu", "gpu")
-_TYPE_RE = re.compile(r"^(forward|backward_b|backward_w|backward|send_forward|recv_forward|"
-                      r"send_backward|recv_backward)(\d+)$")
-_COMPUTE_KINDS = ("forward", "backward", "backward_b", "backward_w")
-_COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
-
-
-def parse_job_type(job_type: str) -> Tuple[str, Optional[int]]:
-    """``"backward_b3"`` -> ``("backward_b", 3)``; ``"optimizer"`` -> ``("optimizer", None)``."""
-    if job_type == OPTIMIZER:
-        return OPTIMIZER, None
-    m = _TYPE_RE.match(job_type)
-    if not m:
-        raise ValueError(f"not a pipesplit job type: {job_type!r}")
-    return m.group(1), int(m.group(2))
 
 
 @dataclass

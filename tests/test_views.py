@@ -211,3 +211,42 @@ def test_views_do_not_import_matplotlib_or_paddle_eagerly():
     code = ("import sys; import pipesplit.job_list.views as v; "
             "assert 'matplotlib' not in sys.modules and 'paddle' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- step grid
+
+def test_step_grid_of_a_valid_schedule():
+    from pipesplit.job_list import lower_comm
+    from pipesplit.job_list.views import step_grid
+
+    schedule = build_schedule("1F1B", 2, 1, 3)
+    assert step_grid(schedule) == (
+        "step   |  0    1    2    3    4    5\n"
+        "rank 0 | 0F0  0F1  0B0  0F2  0B1  0B2\n"
+        "rank 1 | 1F0  1B0  1F1  1B1  1F2  1B2")
+    assert step_grid(schedule, {(1, 2)}).splitlines()[2] == "rank 1 | 1F0  1B0 [1F1] 1B1  1F2  1B2"
+    lowered = step_grid(lower_comm(schedule)).splitlines()
+    assert len(lowered) == 3 and "[" not in "".join(lowered)
+    assert lowered[1].split()[3:5] == ["0F0", "0SEND_F0"]  # comm jobs are shown in their place
+
+
+def test_deadlock_error_shows_the_grid_with_the_blocked_heads():
+    from pipesplit.job_list.ir import BACKWARD, FORWARD, Job
+    from pipesplit.job_list.validate import ScheduleError
+
+    schedule = build_schedule("1F1B", 2, 1, 2)
+    f, b = (lambda mb: Job(FORWARD, 0, mb)), (lambda mb: Job(BACKWARD, 0, mb))
+    bad = schedule.with_ranks([[f(0), b(0), f(1), b(1)], [f(0), f(1), b(0), b(1)]])
+    expected = (
+        "deadlock: rank 0, job #1 (0B0) waits for 1B0, which rank 1 runs only after 1F1; "
+        "rank 1, job #1 (1F1) waits for 0F1, which rank 0 runs only after 0B0\n"
+        "per rank, the jobs in list order; [blocked] heads:\n"
+        "step   |  0    1    2    3\n"
+        "rank 0 | 0F0 [0B0] 0F1  0B1\n"
+        "rank 1 | 1F0 [1F1] 1B0  1B1")
+    with pytest.raises(ScheduleError) as caught:
+        validate(bad)
+    assert str(caught.value) == expected
+    with pytest.raises(ScheduleError) as caught:
+        simulate(bad)
+    assert str(caught.value) == expected

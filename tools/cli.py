@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import inspect
 import json
 import os
 import pkgutil
@@ -94,15 +93,10 @@ def _non_negative_float(text: str) -> float:
 
 
 def accepts(function, name: str) -> bool:
-    """True if ``function`` takes a keyword argument ``name`` (or ``**kwargs``)."""
-    try:
-        params = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-    if name in params and params[name].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                inspect.Parameter.KEYWORD_ONLY):
-        return True
-    return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    """True if ``function`` takes a keyword argument ``name`` (the registry's rule)."""
+    from pipesplit.job_list.registry import accepts_option
+
+    return accepts_option(function, name)
 
 
 def parse_costs(args) -> Tuple["Costs", bool]:
