@@ -23,11 +23,9 @@ import numpy as np
 
 import paddle
 
-from .complete import BACKWARD, OPTIMIZE, OPTIMIZER_OP_RE
+from .complete import OPTIMIZER_OP_RE
+from .roles import ACC_SUFFIX, BACKWARD_W_ATTR, COUNT_PREFIX, ROLE_BACKWARD, ROLE_OPTIMIZE
 
-BACKWARD_W_ATTR = "pipesplit_backward_w"
-ACC_SUFFIX = "@PS_ACC"
-COUNT_PREFIX = "pipesplit_acc_count_"
 MODES = ("avg", "sum")
 
 
@@ -89,7 +87,7 @@ def add_gradient_accumulation(program, mode: str = "avg",
     counted = mode == "avg" and num_micro_batches is None
     block = program.global_block()
     ops = list(block.ops)
-    opt_ops = [op for op in ops if op.op_role == OPTIMIZE]
+    opt_ops = [op for op in ops if op.op_role == ROLE_OPTIMIZE]
     info = AccumulationInfo(mode=mode)
     if not opt_ops:
         return info
@@ -102,7 +100,7 @@ def add_gradient_accumulation(program, mode: str = "avg",
     for op in opt_ops:
         for v in op.operands_source():
             d = v.get_defining_op()
-            if d is None or d.op_role != BACKWARD or v.id in seen:
+            if d is None or d.op_role != ROLE_BACKWARD or v.id in seen:
                 continue
             seen.add(v.id)
             grads.append((v, d, op))
@@ -130,9 +128,9 @@ def add_gradient_accumulation(program, mode: str = "avg",
 
         paddle.pir.set_insertion_point_after(producer)
         out = paddle._C_ops.add_(acc, g)
-        _tag(out, BACKWARD, chunk, is_w)
+        _tag(out, ROLE_BACKWARD, chunk, is_w)
         last = out.get_defining_op()
-        opt_users = [u for u in g.all_used_ops() if u.op_role == OPTIMIZE]
+        opt_users = [u for u in g.all_used_ops() if u.op_role == ROLE_OPTIMIZE]
 
         if counted:
             key = (chunk, is_w)
@@ -146,7 +144,7 @@ def add_gradient_accumulation(program, mode: str = "avg",
                 paddle.pir.set_insertion_point_after(last)
                 one = paddle.full([1], 1.0, dtype=g.dtype)
                 inc = paddle._C_ops.add_(cnt, one)
-                _tag(inc, BACKWARD, chunk, is_w)
+                _tag(inc, ROLE_BACKWARD, chunk, is_w)
                 counters[key] = cnt
             info.counter_of[name] = f"{COUNT_PREFIX}{chunk}" + ("_w" if is_w else "")
         acc_values.append((name, acc, g, opt_users, (chunk, is_w)))
@@ -157,20 +155,20 @@ def add_gradient_accumulation(program, mode: str = "avg",
         paddle.pir.set_insertion_point(first_opt_op)
         if counted:
             val = paddle._C_ops.divide(acc, counters[key])
-            _tag(val, OPTIMIZE, None)
+            _tag(val, ROLE_OPTIMIZE, None)
         elif mode == "avg":
             val = paddle._C_ops.scale(acc, 1.0 / num_micro_batches, 0.0, True)
-            _tag(val, OPTIMIZE, None)
+            _tag(val, ROLE_OPTIMIZE, None)
         else:
             val = acc
         g.replace_grad_users_with(val, set(opt_users))
     paddle.pir.set_insertion_point_to_block_end(block)
     for name, acc, g, _, _ in acc_values:
         z = paddle._C_ops.full_(acc, list(info.buffers[name][0]), 0.0, acc.dtype, _place())
-        _tag(z, OPTIMIZE, None)
+        _tag(z, ROLE_OPTIMIZE, None)
     for cnt in counters.values():
         z = paddle._C_ops.full_(cnt, [1], 0.0, cnt.dtype, _place())
-        _tag(z, OPTIMIZE, None)
+        _tag(z, ROLE_OPTIMIZE, None)
     return info
 
 
@@ -183,7 +181,7 @@ def _updated_param_name(grad):
         nxt = []
         for v in frontier:
             for op in v.all_used_ops():
-                if op.op_role != OPTIMIZE:
+                if op.op_role != ROLE_OPTIMIZE:
                     continue
                 if OPTIMIZER_OP_RE.match(op.name()) and op.num_operands():
                     p = op.operand_source(0)

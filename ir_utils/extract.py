@@ -13,13 +13,12 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import paddle
 
-from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
+from .accumulate import AccumulationInfo, add_gradient_accumulation
 from .checks import check_stage_flow
-from .complete import BACKWARD, FORWARD, OPTIMIZE, SINK_OPS, check_program, complete_program, \
+from .complete import SINK_OPS, check_program, complete_program, \
     is_source_op
-
-COMM_KINDS = ("send_forward", "recv_forward", "send_backward", "recv_backward")
-HANDOFF_PREFIX = "pipesplit_handoff_"
+from .roles import (BACKWARD_W_ATTR, COMM_KINDS, HANDOFF_PREFIX, ROLE_BACKWARD, ROLE_FORWARD,
+                    ROLE_OPTIMIZE)
 
 
 @dataclass
@@ -87,12 +86,12 @@ def job_types_for(num_chunks: int, split_backward) -> List[str]:
 def _job_of(op, split_backward) -> str:
     """Job type of ``op``; ``split_backward``: the set of split chunks."""
     role = op.op_role
-    if role == OPTIMIZE:
+    if role == ROLE_OPTIMIZE:
         return "optimizer"
     c = op.chunk_id
-    if role == FORWARD:
+    if role == ROLE_FORWARD:
         return f"forward{c}"
-    if role == BACKWARD:
+    if role == ROLE_BACKWARD:
         if c not in split_backward:
             return f"backward{c}"
         w = op.has_attr(BACKWARD_W_ATTR) and bool(op.attrs()[BACKWARD_W_ATTR])
@@ -248,7 +247,7 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
     if fetch_names is None:
         fetch_names = []
         for op in ops:
-            if op.name() == "builtin.shadow_output" and op.op_role == FORWARD:
+            if op.name() == "builtin.shadow_output" and op.op_role == ROLE_FORWARD:
                 fetch_names.append(op.attrs()["output_name"])
     by_name = {}
     for op in ops:

@@ -61,7 +61,8 @@ from typing import Dict, List, Optional
 
 import paddle
 
-from .complete import BACKWARD as _ROLE_BWD, FORWARD as _ROLE_FWD, OPTIMIZE as _ROLE_OPT, SINK_OPS
+from .complete import SINK_OPS
+from .roles import BACKWARD_W_ATTR as W_ATTR, ROLE_BACKWARD, ROLE_OPTIMIZE
 
 __all__ = [
     "W_ATTR",
@@ -71,8 +72,6 @@ __all__ = [
     "is_backward_w",
     "op_flops",
 ]
-
-W_ATTR = "pipesplit_backward_w"
 
 _DECOMPOSABLE = ("pd_op.matmul_grad", "pd_op.add_grad")
 _EMBEDDING_GRADS = ("pd_op.embedding_grad", "pd_op.sparse_weight_embedding_grad")
@@ -247,7 +246,7 @@ def op_flops(op, batch_size: int = 1) -> int:
 
 
 def _backward_ops(block):
-    return [op for op in block.ops if op.op_role == _ROLE_BWD]
+    return [op for op in block.ops if op.op_role == ROLE_BACKWARD]
 
 
 def classify_backward(program, chunks=None):
@@ -257,7 +256,7 @@ def classify_backward(program, chunks=None):
     chunk stays whole, all B.  Pure analysis, the program is not changed."""
     block = program.global_block()
     ops = list(block.ops)
-    bwd = [op for op in ops if op.op_role == _ROLE_BWD]
+    bwd = [op for op in ops if op.op_role == ROLE_BACKWARD]
     bwd_set = set(bwd)
     is_b = {}
     needed = set()
@@ -276,7 +275,7 @@ def classify_backward(program, chunks=None):
                     # users come later in the topological order)
                     if is_b.get(user, True):
                         res_needed = True
-                elif user.op_role == _ROLE_OPT:
+                elif user.op_role == ROLE_OPTIMIZE:
                     continue
                 else:
                     res_needed = True  # leaves the chunk / unknown consumer
@@ -304,13 +303,13 @@ class _Emitter:
         idx = ops_before.index(self.last)
         n0 = len(ops_before)
         paddle.pir.set_insertion_point_after(self.last)
-        with paddle.base.framework.pir_op_role_guard(_ROLE_BWD), \
+        with paddle.base.framework.pir_op_role_guard(ROLE_BACKWARD), \
                 paddle.base.framework.pir_chunk_id_guard(self.chunk):
             out = fn(*args)
         ops_after = list(self.block.ops)
         new_ops = ops_after[idx + 1: idx + 1 + len(ops_after) - n0]
         for op in new_ops:
-            op.op_role = _ROLE_BWD
+            op.op_role = ROLE_BACKWARD
             op.set_int_attr("chunk_id", self.chunk)
         if new_ops:
             self.last = new_ops[-1]
@@ -469,7 +468,7 @@ def _param_grads(block, bwd_ops) -> int:
     for op in bwd_ops:
         res = list(op.results())
         for r in res:
-            if _used(r) and any(u.op_role == _ROLE_OPT for u in r.all_used_ops()):
+            if _used(r) and any(u.op_role == ROLE_OPTIMIZE for u in r.all_used_ops()):
                 found.add(_vkey(r))
         if not op.name().endswith("_grad"):
             continue
@@ -563,7 +562,7 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto",
                 prod = src.get_defining_op()
                 if prod is None:
                     continue
-                if prod.op_role == _ROLE_BWD:
+                if prod.op_role == ROLE_BACKWARD:
                     if is_b.get(prod) and prod.chunk_id == c:
                         b_to_w[c].add(_vkey(src))
                 elif not _is_param(src):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import (RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD)
+from pipesplit.job_list.ir import COMM_KINDS, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
 from pipesplit.job_list.lower import global_order, lower_comm, peer_of
 from pipesplit.job_list.validate import validate
 
@@ -48,7 +48,6 @@ DEVICES = ("auto", "cpu", "gpu")
 _TYPE_RE = re.compile(r"^(forward|backward_b|backward_w|backward|send_forward|recv_forward|"
                       r"send_backward|recv_backward)(\d+)$")
 _COMPUTE_KINDS = ("forward", "backward", "backward_b", "backward_w")
-_COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
 
 
 def parse_job_type(job_type: str) -> Tuple[str, Optional[int]]:
@@ -392,7 +391,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     ring_ids = p2p_ring_ids(schedule) if backend == "nccl" else {}
     comm: Dict[str, CommJobInfo] = {}
     for c, s in stages.items():
-        for kind in _COMM_KINDS:
+        for kind in COMM_KINDS:
             t = f"{kind}{c}"
             sel = _comm_transfers(kind, s, transfers)
             prog, comm_ops = build_comm_program(sel, rank, backend, ring_ids=ring_ids,
