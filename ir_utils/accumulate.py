@@ -17,17 +17,15 @@ The accumulators and counters must exist, zeroed, in the scope before the first 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 import paddle
 
-from .complete import BACKWARD, OPTIMIZE, OPTIMIZER_OP_RE
+from .complete import OPTIMIZER_OP_RE
+from .roles import ACC_SUFFIX, BACKWARD_W_ATTR, COUNT_PREFIX, ROLE_BACKWARD, ROLE_OPTIMIZE
 
-BACKWARD_W_ATTR = "pipesplit_backward_w"
-ACC_SUFFIX = "@PS_ACC"
-COUNT_PREFIX = "pipesplit_acc_count_"
 MODES = ("avg", "sum")
 
 
@@ -86,92 +84,118 @@ def add_gradient_accumulation(program, mode: str = "avg",
                                           or isinstance(num_micro_batches, bool)
                                           or num_micro_batches < 1):
         raise ValueError(f"num_micro_batches must be an int >= 1, got {num_micro_batches!r}")
-    counted = mode == "avg" and num_micro_batches is None
     block = program.global_block()
-    ops = list(block.ops)
-    opt_ops = [op for op in ops if op.op_role == OPTIMIZE]
+    opt_ops = [op for op in block.ops if op.op_role == ROLE_OPTIMIZE]
     info = AccumulationInfo(mode=mode)
     if not opt_ops:
         return info
-    place = paddle.base.libpaddle.Place()
-    place.set_place(_place())
+    builder = _Accumulators(block, info, counted=mode == "avg" and num_micro_batches is None)
+    for k, (g, producer) in enumerate(_gradients(opt_ops)):
+        builder.add(k, g, producer)
+    builder.read_before(opt_ops[0], num_micro_batches)
+    builder.reset_at_end()
+    return info
 
-    # gradients: values produced by backward ops and read by optimizer ops
-    grads = []
-    seen = set()
+
+def _gradients(opt_ops) -> List[Tuple[object, object]]:
+    """(gradient, its producer): the values backward ops produce and optimizer ops read, each
+    once, in the order the optimizer reads them."""
+    grads, seen = [], set()
     for op in opt_ops:
         for v in op.operands_source():
             d = v.get_defining_op()
-            if d is None or d.op_role != BACKWARD or v.id in seen:
+            if d is None or d.op_role != ROLE_BACKWARD or v.id in seen:
                 continue
             seen.add(v.id)
-            grads.append((v, d, op))
+            grads.append((v, d))
+    return grads
 
-    counters: Dict[Tuple[int, bool], object] = {}
-    acc_values = []
-    used_names = set()
-    for k, (g, producer, first_opt) in enumerate(grads):
+
+class _Accumulators:
+    """The accumulators (and, counted ``avg``, the per-chunk micro-batch counters) being added
+    to one program: added to after each gradient's producer, read by the optimizer, reset
+    after it."""
+
+    def __init__(self, block, info: AccumulationInfo, counted: bool):
+        self.block, self.info, self.counted = block, info, counted
+        self.place = paddle.base.libpaddle.Place()
+        self.place.set_place(_place())
+        self.counters: Dict[Tuple[int, bool], object] = {}
+        self.acc_values = []  # (name, accumulator, gradient, its optimizer users, counter key)
+        self.used_names = set()
+
+    def _persistable_kwarg(self, name: str, value_type):
+        kwarg = self.block.add_kwarg(name, value_type)
+        kwarg.persistable = True
+        kwarg.place_attr = self.place
+        return kwarg
+
+    def add(self, k: int, g, producer) -> None:
+        """Accumulator of gradient ``g`` (the ``k``-th), added to right after ``producer``."""
         param_name = _updated_param_name(g)
         name = f"{param_name}{ACC_SUFFIX}" if param_name else f"pipesplit_grad_{k}{ACC_SUFFIX}"
-        if name in used_names:  # a shared weight: one accumulator per gradient contribution
+        if name in self.used_names:  # a shared weight: one accumulator per gradient contribution
             name = f"{name}_{k}"
-        used_names.add(name)
+        self.used_names.add(name)
         chunk = producer.chunk_id if producer.has_attr("chunk_id") else -1
         is_w = _is_w(producer)
         shape = tuple(int(s) for s in g.shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"gradient of {param_name or name} has a dynamic shape {shape}")
         dtype = _DTYPES.get(str(g.dtype), "float32")
-
-        acc = block.add_kwarg(name, g.type())
-        acc.persistable = True
-        acc.place_attr = place
-        info.buffers[name] = (shape, dtype)
-
+        acc = self._persistable_kwarg(name, g.type())
+        self.info.buffers[name] = (shape, dtype)
         paddle.pir.set_insertion_point_after(producer)
         out = paddle._C_ops.add_(acc, g)
-        _tag(out, BACKWARD, chunk, is_w)
-        last = out.get_defining_op()
-        opt_users = [u for u in g.all_used_ops() if u.op_role == OPTIMIZE]
+        _tag(out, ROLE_BACKWARD, chunk, is_w)
+        opt_users = [u for u in g.all_used_ops() if u.op_role == ROLE_OPTIMIZE]
+        if self.counted:
+            self._count(g, out.get_defining_op(), chunk, is_w, dtype)
+            self.info.counter_of[name] = _counter_name(chunk, is_w)
+        self.acc_values.append((name, acc, g, opt_users, (chunk, is_w)))
 
-        if counted:
-            key = (chunk, is_w)
-            if key not in counters:
-                cname = f"{COUNT_PREFIX}{chunk}" + ("_w" if is_w else "")
-                ctype = _scalar_type(g)
-                cnt = block.add_kwarg(cname, ctype)
-                cnt.persistable = True
-                cnt.place_attr = place
-                info.buffers[cname] = ((1,), dtype)
-                paddle.pir.set_insertion_point_after(last)
-                one = paddle.full([1], 1.0, dtype=g.dtype)
-                inc = paddle._C_ops.add_(cnt, one)
-                _tag(inc, BACKWARD, chunk, is_w)
-                counters[key] = cnt
-            info.counter_of[name] = f"{COUNT_PREFIX}{chunk}" + ("_w" if is_w else "")
-        acc_values.append((name, acc, g, opt_users, (chunk, is_w)))
+    def _count(self, g, after, chunk: int, is_w: bool, dtype: str) -> None:
+        """The micro-batch counter of (chunk, is_w), added to once per micro-batch after the
+        chunk's first accumulation."""
+        key = (chunk, is_w)
+        if key in self.counters:
+            return
+        cname = _counter_name(chunk, is_w)
+        cnt = self._persistable_kwarg(cname, _scalar_type(g))
+        self.info.buffers[cname] = ((1,), dtype)
+        paddle.pir.set_insertion_point_after(after)
+        one = paddle.full([1], 1.0, dtype=g.dtype)
+        inc = paddle._C_ops.add_(cnt, one)
+        _tag(inc, ROLE_BACKWARD, chunk, is_w)
+        self.counters[key] = cnt
 
-    # optimizer side: read acc (/ count), after the last optimizer op reset to zero
-    first_opt_op = opt_ops[0]
-    for name, acc, g, opt_users, key in acc_values:
-        paddle.pir.set_insertion_point(first_opt_op)
-        if counted:
-            val = paddle._C_ops.divide(acc, counters[key])
-            _tag(val, OPTIMIZE, None)
-        elif mode == "avg":
-            val = paddle._C_ops.scale(acc, 1.0 / num_micro_batches, 0.0, True)
-            _tag(val, OPTIMIZE, None)
-        else:
-            val = acc
-        g.replace_grad_users_with(val, set(opt_users))
-    paddle.pir.set_insertion_point_to_block_end(block)
-    for name, acc, g, _, _ in acc_values:
-        z = paddle._C_ops.full_(acc, list(info.buffers[name][0]), 0.0, acc.dtype, _place())
-        _tag(z, OPTIMIZE, None)
-    for cnt in counters.values():
-        z = paddle._C_ops.full_(cnt, [1], 0.0, cnt.dtype, _place())
-        _tag(z, OPTIMIZE, None)
-    return info
+    def read_before(self, first_opt_op, num_micro_batches: Optional[int]) -> None:
+        """The optimizer reads each accumulator (divided by its count, or by m, for avg)."""
+        for _, acc, g, opt_users, key in self.acc_values:
+            paddle.pir.set_insertion_point(first_opt_op)
+            if self.counted:
+                val = paddle._C_ops.divide(acc, self.counters[key])
+                _tag(val, ROLE_OPTIMIZE, None)
+            elif self.info.mode == "avg":
+                val = paddle._C_ops.scale(acc, 1.0 / num_micro_batches, 0.0, True)
+                _tag(val, ROLE_OPTIMIZE, None)
+            else:
+                val = acc
+            g.replace_grad_users_with(val, set(opt_users))
+
+    def reset_at_end(self) -> None:
+        """After the last optimizer op every accumulator and counter is set back to zero."""
+        paddle.pir.set_insertion_point_to_block_end(self.block)
+        for name, acc, _, _, _ in self.acc_values:
+            z = paddle._C_ops.full_(acc, list(self.info.buffers[name][0]), 0.0, acc.dtype, _place())
+            _tag(z, ROLE_OPTIMIZE, None)
+        for cnt in self.counters.values():
+            z = paddle._C_ops.full_(cnt, [1], 0.0, cnt.dtype, _place())
+            _tag(z, ROLE_OPTIMIZE, None)
+
+
+def _counter_name(chunk: int, is_w: bool) -> str:
+    return f"{COUNT_PREFIX}{chunk}" + ("_w" if is_w else "")
 
 
 def _updated_param_name(grad):
@@ -183,7 +207,7 @@ def _updated_param_name(grad):
         nxt = []
         for v in frontier:
             for op in v.all_used_ops():
-                if op.op_role != OPTIMIZE:
+                if op.op_role != ROLE_OPTIMIZE:
                     continue
                 if OPTIMIZER_OP_RE.match(op.name()) and op.num_operands():
                     p = op.operand_source(0)

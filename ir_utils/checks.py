@@ -20,8 +20,8 @@ import numpy as np
 
 from paddle.base.data_feeder import _PADDLE_PIR_DTYPE_2_NUMPY_DTYPE
 
-from .accumulate import ACC_SUFFIX, COUNT_PREFIX
-from .complete import BACKWARD, FORWARD, GRAD_OP_RE, OPTIMIZER_OP_RE, SINK_OPS, is_source_op
+from .complete import GRAD_OP_RE, OPTIMIZER_OP_RE, SINK_OPS, is_source_op
+from .roles import ACC_SUFFIX, COUNT_PREFIX, ROLE_BACKWARD, ROLE_FORWARD
 
 DATA_OP = "pd_op.data"
 PARAMETER_OP = "builtin.parameter"
@@ -86,7 +86,7 @@ def check_stage_flow(program) -> None:
     index = {op.id(): i for i, op in enumerate(ops)}
     for i, op in enumerate(ops):
         role = op.op_role
-        if role not in (FORWARD, BACKWARD) or op.name() in SINK_OPS or is_source_op(op):
+        if role not in (ROLE_FORWARD, ROLE_BACKWARD) or op.name() in SINK_OPS or is_source_op(op):
             continue
         stage = op.chunk_id
         for value in op.operands_source():
@@ -96,9 +96,9 @@ def check_stage_flow(program) -> None:
             if producer is None or is_source_op(producer):
                 continue
             p_role, p_stage = producer.op_role, producer.chunk_id
-            if p_role not in (FORWARD, BACKWARD) or p_stage is None or p_stage < 0:
+            if p_role not in (ROLE_FORWARD, ROLE_BACKWARD) or p_stage is None or p_stage < 0:
                 continue
-            if p_role == role and (p_stage > stage if role == FORWARD else p_stage < stage):
+            if p_role == role and (p_stage > stage if role == ROLE_FORWARD else p_stage < stage):
                 raise ValueError(
                     f"program data flows against the pipeline, from stage {p_stage} to stage "
                     f"{stage}: "
@@ -108,11 +108,11 @@ def check_stage_flow(program) -> None:
                     + _FLOW_RULE[role])
 
 
-_ROLE_NAMES = {FORWARD: "forward", BACKWARD: "backward"}
+_ROLE_NAMES = {ROLE_FORWARD: "forward", ROLE_BACKWARD: "backward"}
 _FLOW_RULE = {
-    FORWARD: "a forward op may read only forward values of its own or earlier stages (check "
+    ROLE_FORWARD: "a forward op may read only forward values of its own or earlier stages (check "
              "the pir_chunk_id_guard around these layers)",
-    BACKWARD: "a backward op may read only gradients of its own or later stages",
+    ROLE_BACKWARD: "a backward op may read only gradients of its own or later stages",
 }
 
 

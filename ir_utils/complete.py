@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from typing import Dict
 
-FORWARD, BACKWARD, OPTIMIZE = 0, 1, 2
+from .roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE
+
 
 OPTIMIZER_OP_RE = re.compile(
     r"^pd_op\.(sgd|adam|adamw|momentum|lamb|rmsprop|adagrad|adadelta|adamax|lars_momentum|"
@@ -71,16 +72,16 @@ def _complete_roles(ops, idx) -> None:
         if i in role:
             continue
         if OPTIMIZER_OP_RE.match(op.name()):
-            role[i] = OPTIMIZE
+            role[i] = ROLE_OPTIMIZE
         elif GRAD_OP_RE.match(op.name()):
-            role[i] = BACKWARD
+            role[i] = ROLE_BACKWARD
     # 1b. everything before the backward section is forward: without this, a loss nothing
     #     fetches (no shadow_output) would be read only by grad ops, and step 3 would pull the
     #     whole forward into the backward
     #     (source ops keep the role of their users: they are re-created where used)
     for i in range(_backward_section_start(ops, role, idx)):
         if not is_source_op(ops[i]):
-            role.setdefault(i, FORWARD)
+            role.setdefault(i, ROLE_FORWARD)
     # 2. descendants of optimizer ops are optimizer.  A descendant of backward ops is backward
     # only while a grad op still depends on it; past the last grad op the values are the
     # parameter gradients, and what reads them (gradient clipping, regularization, the sum of
@@ -93,12 +94,12 @@ def _complete_roles(ops, idx) -> None:
             continue
         prods = _producers(op)
         rs = {role.get(idx[p]) for p in prods}
-        if OPTIMIZE in rs:
-            role[i] = OPTIMIZE
-        elif BACKWARD in rs:
+        if ROLE_OPTIMIZE in rs:
+            role[i] = ROLE_OPTIMIZE
+        elif ROLE_BACKWARD in rs:
             unpacks_backward = op.name() in UNPACK_OPS and all(
-                role.get(idx[p]) == BACKWARD for p in prods)
-            role[i] = BACKWARD if feeds_grad[i] or unpacks_backward else OPTIMIZE
+                role.get(idx[p]) == ROLE_BACKWARD for p in prods)
+            role[i] = ROLE_BACKWARD if feeds_grad[i] or unpacks_backward else ROLE_OPTIMIZE
     # 3. ops feeding only later roles take the earliest role of their users (reverse order)
     for op in reversed(ops):
         i = idx[op]
@@ -110,16 +111,16 @@ def _complete_roles(ops, idx) -> None:
         if not is_source_op(op) and all(u.name() in SHAPE_ONLY_USERS for u in users):
             # e.g. the loss when nothing fetches it in the program: the grad seed
             # (full_like) reads its shape only, which does not make it backward work
-            role[i] = FORWARD
+            role[i] = ROLE_FORWARD
             continue
         urs = [role.get(idx[u]) for u in users]
         if any(r is None for r in urs):
             # a user is unplaced (only sinks can be); treat as forward consumer
-            urs = [FORWARD if r is None else r for r in urs]
+            urs = [ROLE_FORWARD if r is None else r for r in urs]
         role[i] = min(urs)
     # 4. sinks and dead ops: role of their producer, else by position
-    grad_pos = [idx[op] for op in ops if role.get(idx[op]) == BACKWARD]
-    opt_pos = [idx[op] for op in ops if role.get(idx[op]) == OPTIMIZE]
+    grad_pos = [idx[op] for op in ops if role.get(idx[op]) == ROLE_BACKWARD]
+    opt_pos = [idx[op] for op in ops if role.get(idx[op]) == ROLE_OPTIMIZE]
     first_b = min(grad_pos) if grad_pos else len(ops)
     first_o = min(opt_pos) if opt_pos else len(ops)
     for op in ops:
@@ -130,7 +131,7 @@ def _complete_roles(ops, idx) -> None:
         if prods:
             role[i] = max(prods) if op.name() not in SINK_OPS else prods[0]
         else:
-            role[i] = FORWARD if i < first_b else (BACKWARD if i < first_o else OPTIMIZE)
+            role[i] = ROLE_FORWARD if i < first_b else (ROLE_BACKWARD if i < first_o else ROLE_OPTIMIZE)
     for op in ops:
         op.op_role = role[idx[op]]
 
@@ -143,12 +144,12 @@ BACKWARD_SEED_OPS = frozenset({"pd_op.full", "pd_op.full_like", "pd_op.fill_any_
 def _backward_section_start(ops, role, idx) -> int:
     """Index of the first op of the backward section: the first grad op, or the seed-gradient
     ops right before it (read only by grad ops).  ``len(ops)`` without grad ops."""
-    start = next((i for i, op in enumerate(ops) if role.get(i) == BACKWARD), len(ops))
+    start = next((i for i, op in enumerate(ops) if role.get(i) == ROLE_BACKWARD), len(ops))
     while start > 0:
         op = ops[start - 1]
         users = _users(op)
         if op.name() not in BACKWARD_SEED_OPS or not users or \
-                any(role.get(idx.get(u)) != BACKWARD for u in users):
+                any(role.get(idx.get(u)) != ROLE_BACKWARD for u in users):
             break
         start -= 1
     return start
@@ -168,11 +169,11 @@ def _match_forward_op(op, chunk, idx):
             continue
         operand_ids.add(v.id)
         d = v.get_defining_op()
-        if d is not None and d.op_role == FORWARD:
+        if d is not None and d.op_role == ROLE_FORWARD:
             if d.name() in base:
                 cands[idx[d]] = d
             for u in v.all_used_ops():
-                if u.op_role == FORWARD and u.name() in base:
+                if u.op_role == ROLE_FORWARD and u.name() in base:
                     cands[idx[u]] = u
     best, best_score = None, -1
     for _, c in sorted(cands.items()):
@@ -195,14 +196,14 @@ def _complete_chunks(ops, idx) -> None:
     # grad ops take their forward op's chunk
     for op in ops:
         i = idx[op]
-        if i in chunk or op.op_role != BACKWARD:
+        if i in chunk or op.op_role != ROLE_BACKWARD:
             continue
         f = _match_forward_op(op, chunk, idx)
         if f is not None:
             chunk[i] = chunk[idx[f]]
     # data-flow inference to a fixpoint over the ops still unplaced (forward and backward
     # sweeps); optimizer ops only copy their parameter's chunk, so they go once, at the end
-    pending = [op for op in ops if idx[op] not in chunk and op.op_role != OPTIMIZE]
+    pending = [op for op in ops if idx[op] not in chunk and op.op_role != ROLE_OPTIMIZE]
     while pending:
         placed = False
         for op in pending + pending[::-1]:
@@ -217,11 +218,11 @@ def _complete_chunks(ops, idx) -> None:
             break
         pending = [op for op in pending if idx[op] not in chunk]
     for op in ops:
-        if idx[op] not in chunk and op.op_role == OPTIMIZE:
+        if idx[op] not in chunk and op.op_role == ROLE_OPTIMIZE:
             c = _infer_chunk(op, chunk, idx)
             if c is not None:
                 chunk[idx[op]] = c
-    missing = [op for op in ops if idx[op] not in chunk and op.op_role in (FORWARD, BACKWARD)]
+    missing = [op for op in ops if idx[op] not in chunk and op.op_role in (ROLE_FORWARD, ROLE_BACKWARD)]
     if missing:
         raise ValueError("cannot infer a chunk id for ops: "
                          + ", ".join(_describe(op) for op in missing[:50])
@@ -257,25 +258,25 @@ def _infer_chunk(op, chunk, idx):
     if op.name() in SINK_OPS:
         pc = [chunk[idx[p]] for p in prods if idx[p] in chunk]
         return pc[0] if pc else None
-    if role == FORWARD:
-        pc = cs(prods, FORWARD)
+    if role == ROLE_FORWARD:
+        pc = cs(prods, ROLE_FORWARD)
         if pc:
             return max(pc)
         uc = cs(users)
         return min(uc) if uc else None
-    if role == BACKWARD:
-        pc = cs(prods, BACKWARD)
+    if role == ROLE_BACKWARD:
+        pc = cs(prods, ROLE_BACKWARD)
         if pc:
             return min(pc)
-        uc = cs(users, BACKWARD)
+        uc = cs(users, ROLE_BACKWARD)
         if uc:
             return max(uc)
-        pc = cs(prods, FORWARD)
+        pc = cs(prods, ROLE_FORWARD)
         if pc:
             return max(pc)
         uc = cs(users)
         return max(uc) if uc else None
-    if role == OPTIMIZE:
+    if role == ROLE_OPTIMIZE:
         # chunk of the parameter it updates, when that is known; otherwise none needed
         for v in op.operands_source():
             d = v.get_defining_op() if v is not None and v.initialized() else None
@@ -287,7 +288,7 @@ def _infer_chunk(op, chunk, idx):
 
 def has_backward(program) -> bool:
     """Does ``program`` train (grad ops or backward-role ops), or only evaluate?"""
-    return any(GRAD_OP_RE.match(op.name()) or op.op_role == BACKWARD
+    return any(GRAD_OP_RE.match(op.name()) or op.op_role == ROLE_BACKWARD
                for op in program.global_block().ops)
 
 
@@ -328,7 +329,7 @@ def check_program(program, num_chunks: int) -> None:
     unchunked, outside = [], []
     for op in ops:
         c = op.chunk_id if op.has_attr("chunk_id") else -1
-        if op.op_role in (FORWARD, BACKWARD):
+        if op.op_role in (ROLE_FORWARD, ROLE_BACKWARD):
             if c is None or c < 0:
                 unchunked.append(op)
             else:

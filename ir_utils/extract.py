@@ -13,13 +13,12 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import paddle
 
-from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
+from .accumulate import AccumulationInfo, add_gradient_accumulation
 from .checks import check_stage_flow
-from .complete import BACKWARD, FORWARD, OPTIMIZE, SINK_OPS, check_program, complete_program, \
+from .complete import SINK_OPS, check_program, complete_program, \
     is_source_op
-
-COMM_KINDS = ("send_forward", "recv_forward", "send_backward", "recv_backward")
-HANDOFF_PREFIX = "pipesplit_handoff_"
+from .roles import (BACKWARD_W_ATTR, COMM_KINDS, HANDOFF_PREFIX, ROLE_BACKWARD, ROLE_FORWARD,
+                    ROLE_OPTIMIZE)
 
 
 @dataclass
@@ -87,12 +86,12 @@ def job_types_for(num_chunks: int, split_backward) -> List[str]:
 def _job_of(op, split_backward) -> str:
     """Job type of ``op``; ``split_backward``: the set of split chunks."""
     role = op.op_role
-    if role == OPTIMIZE:
+    if role == ROLE_OPTIMIZE:
         return "optimizer"
     c = op.chunk_id
-    if role == FORWARD:
+    if role == ROLE_FORWARD:
         return f"forward{c}"
-    if role == BACKWARD:
+    if role == ROLE_BACKWARD:
         if c not in split_backward:
             return f"backward{c}"
         w = op.has_attr(BACKWARD_W_ATTR) and bool(op.attrs()[BACKWARD_W_ATTR])
@@ -138,139 +137,158 @@ def split_program(program, num_chunks: int, split_backward=False,
 
 
 def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
-    block = work.global_block()
-    ops = list(block.ops)
-    types = job_types_for(num_chunks, split_backward)
+    """Clone every op of ``work`` into the sub-program of its job, with handoffs between them
+    and the fetches added."""
+    ops = list(work.global_block().ops)
     split_set = split_chunks(num_chunks, split_backward)
-    programs = {t: paddle.pir.Program() for t in types}
-    mappings = {t: paddle.pir.IrMapping() for t in types}
-    kwarg_made: Dict[str, set] = {t: set() for t in types}
-    place = paddle.base.libpaddle.Place()
-    place.set_place(paddle.framework._current_expected_place())
-    opts = paddle.pir.CloneOptions(False, True, True)
-
-    # shadow_output names already present in the program, per value id
-    shadow_name: Dict[int, str] = {}
-    for op in ops:
-        if op.name() == "builtin.shadow_output":
-            shadow_name.setdefault(op.operand_source(0).id, op.attrs()["output_name"])
-
-    producer_job: Dict[int, str] = {}   # value id -> job type of its producer
-    producer_op: Dict[int, Tuple[object, int, int]] = {}  # value id -> (op, op index, result)
-    handoffs: Dict[int, Handoff] = {}
-    required: Dict[str, set] = {t: set() for t in types}
-    persist_names = set()
-
-    def ensure_operand(t, v):
-        if not v.initialized():
-            return  # an absent optional operand
-        m = mappings[t]
-        if m.has(v):
-            return
-        d = v.get_defining_op()
-        blk = programs[t].global_block()
-        if d is None:  # a block argument / kwarg of the source program
-            name = v.name
-            if name not in kwarg_made[t]:
-                kw = blk.add_kwarg(name, v.type())
-                kw.persistable = v.persistable
-                kw.place_attr = place
-                kwarg_made[t].add(name)
-                if not v.persistable:
-                    required[t].add(name)
-                else:
-                    persist_names.add(name)
-                m.add(v, kw)
-            return
-        if is_source_op(d):
-            paddle.pir.set_insertion_point_to_block_end(blk)
-            d.clone(m, opts)
-            if d.name() == "pd_op.data" and not v.persistable:
-                required[t].add(v.name)
-            return
-        src = producer_job[v.id]
-        h = handoffs.get(v.id)
-        if h is None:
-            name = shadow_name.get(v.id)
-            if name is None:
-                _, oi, ri = producer_op[v.id]
-                name = f"{HANDOFF_PREFIX}{oi}_{ri}"
-            h = handoffs[v.id] = Handoff(name, src, ())
-        if t not in h.consumers:
-            h.consumers = h.consumers + (t,)
-        kw = blk.add_kwarg(h.name, v.type())
-        kw.persistable = False
-        kw.place_attr = place
-        m.add(v, kw)
-        required[t].add(h.name)
-        required[src].add(h.name)
-
+    out = _SubPrograms(job_types_for(num_chunks, split_backward), ops)
     for oi, op in enumerate(ops):
         if is_source_op(op):
             continue  # re-created lazily in each consumer
-        if op.name() in SINK_OPS:
-            v = op.operand_source(0)
-            d = v.get_defining_op()
-            if d is None or is_source_op(d):
-                t = _job_of(op, split_set)
-            else:
-                t = producer_job[v.id]
-        else:
-            t = _job_of(op, split_set)
-        if t not in programs:
+        t = _job_of_clone(op, split_set, out.producer_job)
+        if t not in out.programs:
             raise ValueError(f"op {op.name()} belongs to job {t!r}, which is not one of the "
                              f"{num_chunks}-chunk job types")
+        out.clone_op(t, op, oi)
+    out.write_handoffs()
+    fetches = out.add_fetches(_default_fetch_names(ops) if fetch_names is None else fetch_names)
+    paddle.pir.set_insertion_point_to_block_end(paddle.static.default_main_program().global_block())
+    return SplitProgram(
+        programs=out.programs, num_chunks=num_chunks, split_backward=bool(split_set),
+        handoffs={h.name: h for h in out.handoffs.values()},
+        required_vars={t: frozenset(names) for t, names in out.required.items()},
+        fetches=fetches)
+
+
+def _job_of_clone(op, split_set, producer_job: Dict[int, str]) -> str:
+    """The job an op goes to; a sink (shadow_output / fetch) goes with its operand's producer."""
+    if op.name() in SINK_OPS:
+        d = op.operand_source(0).get_defining_op()
+        if d is not None and not is_source_op(d):
+            return producer_job[op.operand_source(0).id]
+    return _job_of(op, split_set)
+
+
+def _default_fetch_names(ops) -> List[str]:
+    """The names the forward hands over with ``shadow_output`` (the loss and what the user
+    fetches)."""
+    return [op.attrs()["output_name"] for op in ops
+            if op.name() == "builtin.shadow_output" and op.op_role == ROLE_FORWARD]
+
+
+class _SubPrograms:
+    """The sub-programs of one split under construction: one program per job type, the value
+    mappings into them, and which values cross from one job to another (handoffs)."""
+
+    def __init__(self, types: Sequence[str], ops):
+        self.programs = {t: paddle.pir.Program() for t in types}
+        self.mappings = {t: paddle.pir.IrMapping() for t in types}
+        self.kwarg_made: Dict[str, set] = {t: set() for t in types}
+        self.place = paddle.base.libpaddle.Place()
+        self.place.set_place(paddle.framework._current_expected_place())
+        self.opts = paddle.pir.CloneOptions(False, True, True)
+        self.ops = ops
+        # shadow_output names already present in the program, per value id
+        self.shadow_name: Dict[int, str] = {}
+        for op in ops:
+            if op.name() == "builtin.shadow_output":
+                self.shadow_name.setdefault(op.operand_source(0).id, op.attrs()["output_name"])
+        self.producer_job: Dict[int, str] = {}   # value id -> job type of its producer
+        self.producer_op: Dict[int, Tuple[object, int, int]] = {}  # value id -> (op, index, result)
+        self.handoffs: Dict[int, Handoff] = {}
+        self.required: Dict[str, set] = {t: set() for t in types}
+
+    def clone_op(self, t: str, op, oi: int) -> None:
+        """Clone ``op`` (index ``oi``) into job ``t``'s program, its operands made available."""
         for v in op.operands_source():
-            ensure_operand(t, v)
-        paddle.pir.set_insertion_point_to_block_end(programs[t].global_block())
-        op.clone(mappings[t], opts)
+            self.ensure_operand(t, v)
+        paddle.pir.set_insertion_point_to_block_end(self.programs[t].global_block())
+        op.clone(self.mappings[t], self.opts)
         if op.name() == "builtin.shadow_output":
             name = op.attrs()["output_name"]
             if not op.operand_source(0).persistable:
-                required[t].add(name)
+                self.required[t].add(name)
         for ri, r in enumerate(op.results()):
-            producer_job[r.id] = t
-            producer_op[r.id] = (op, oi, ri)
+            self.producer_job[r.id] = t
+            self.producer_op[r.id] = (op, oi, ri)
 
-    # producer side of the handoffs: shadow_output right after the producer's clone
-    for vid, h in handoffs.items():
-        op, oi, ri = producer_op[vid]
-        v = op.result(ri)
-        if vid in shadow_name:
-            continue  # the program's own shadow_output (cloned with the producer) writes it
-        m = mappings[h.producer]
-        new_v = m.look_up(v)
-        paddle.pir.set_insertion_point_after(new_v.get_defining_op())
-        paddle._C_ops.set_persistable_value(new_v, h.name)
+    def ensure_operand(self, t: str, v) -> None:
+        """Make value ``v`` available in job ``t``'s program: a kwarg for a block argument, a
+        re-created source op, or a handoff from the job that produced it."""
+        if not v.initialized():
+            return  # an absent optional operand
+        if self.mappings[t].has(v):
+            return
+        d = v.get_defining_op()
+        if d is None:  # a block argument / kwarg of the source program
+            self._add_block_argument(t, v)
+            return
+        if is_source_op(d):
+            paddle.pir.set_insertion_point_to_block_end(self.programs[t].global_block())
+            d.clone(self.mappings[t], self.opts)
+            if d.name() == "pd_op.data" and not v.persistable:
+                self.required[t].add(v.name)
+            return
+        self._add_handoff_input(t, v)
 
-    # fetches
-    fetches: List[Tuple[str, str]] = []
-    if fetch_names is None:
-        fetch_names = []
-        for op in ops:
-            if op.name() == "builtin.shadow_output" and op.op_role == FORWARD:
-                fetch_names.append(op.attrs()["output_name"])
-    by_name = {}
-    for op in ops:
-        if op.name() == "builtin.shadow_output":
-            by_name[op.attrs()["output_name"]] = op.operand_source(0)
-    for col, name in enumerate(fetch_names):
-        v = by_name.get(name)
-        if v is None:
-            raise ValueError(f"fetch name {name!r} is not written by a shadow_output op")
-        t = producer_job.get(v.id)
-        if t is None:
-            raise ValueError(f"fetch name {name!r} has no producer job")
-        prog = programs[t]
-        new_v = mappings[t].look_up(v)
-        paddle.pir.set_insertion_point_to_block_end(prog.global_block())
-        out = paddle._pir_ops.fetch(new_v, name, col)
-        out.persistable = True
-        fetches.append((t, name))
-    paddle.pir.set_insertion_point_to_block_end(paddle.static.default_main_program().global_block())
+    def _add_block_argument(self, t: str, v) -> None:
+        name = v.name
+        if name in self.kwarg_made[t]:
+            return
+        kw = self.programs[t].global_block().add_kwarg(name, v.type())
+        kw.persistable = v.persistable
+        kw.place_attr = self.place
+        self.kwarg_made[t].add(name)
+        if not v.persistable:
+            self.required[t].add(name)
+        self.mappings[t].add(v, kw)
 
-    return SplitProgram(
-        programs=programs, num_chunks=num_chunks, split_backward=bool(split_set),
-        handoffs={h.name: h for h in handoffs.values()},
-        required_vars={t: frozenset(s) for t, s in required.items()},
-        fetches=fetches)
+    def _add_handoff_input(self, t: str, v) -> None:
+        src = self.producer_job[v.id]
+        h = self.handoffs.get(v.id)
+        if h is None:
+            name = self.shadow_name.get(v.id)
+            if name is None:
+                _, oi, ri = self.producer_op[v.id]
+                name = f"{HANDOFF_PREFIX}{oi}_{ri}"
+            h = self.handoffs[v.id] = Handoff(name, src, ())
+        if t not in h.consumers:
+            h.consumers = h.consumers + (t,)
+        kw = self.programs[t].global_block().add_kwarg(h.name, v.type())
+        kw.persistable = False
+        kw.place_attr = self.place
+        self.mappings[t].add(v, kw)
+        self.required[t].add(h.name)
+        self.required[src].add(h.name)
+
+    def write_handoffs(self) -> None:
+        """Producer side of the handoffs: shadow_output right after the producer's clone."""
+        for vid, h in self.handoffs.items():
+            op, oi, ri = self.producer_op[vid]
+            v = op.result(ri)
+            if vid in self.shadow_name:
+                continue  # the program's own shadow_output (cloned with the producer) writes it
+            new_v = self.mappings[h.producer].look_up(v)
+            paddle.pir.set_insertion_point_after(new_v.get_defining_op())
+            paddle._C_ops.set_persistable_value(new_v, h.name)
+
+    def add_fetches(self, fetch_names: Sequence[str]) -> List[Tuple[str, str]]:
+        """A fetch op for each name, in the program of the job that writes it: (job, name)."""
+        by_name = {}
+        for op in self.ops:
+            if op.name() == "builtin.shadow_output":
+                by_name[op.attrs()["output_name"]] = op.operand_source(0)
+        fetches: List[Tuple[str, str]] = []
+        for col, name in enumerate(fetch_names):
+            v = by_name.get(name)
+            if v is None:
+                raise ValueError(f"fetch name {name!r} is not written by a shadow_output op")
+            t = self.producer_job.get(v.id)
+            if t is None:
+                raise ValueError(f"fetch name {name!r} has no producer job")
+            new_v = self.mappings[t].look_up(v)
+            paddle.pir.set_insertion_point_to_block_end(self.programs[t].global_block())
+            out = paddle._pir_ops.fetch(new_v, name, col)
+            out.persistable = True
+            fetches.append((t, name))
+        return fetches

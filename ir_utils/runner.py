@@ -82,39 +82,55 @@ def _check_m(num_micro_batches):
 
 
 def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.pir.Program"],
-              num_micro_batches: int, required_vars: Optional[Dict[str, Iterable[str]]] = None
-              ) -> "core.Plan":
+              num_micro_batches: int, required_vars: Optional[Dict[str, Iterable[str]]] = None,
+              *, gc_order: Optional[Sequence[Tuple[str, int]]] = None) -> "core.Plan":
     """``core.Plan`` running ``job_order`` ((job type, micro-batch id) pairs, in order).
 
     Skip-gc sets: walking the order backwards per micro-batch, a job keeps (does not free) the
-    non-persistable values that a later job of the same micro-batch still reads."""
+    non-persistable values that a later job of the same micro-batch still reads.  ``gc_order``:
+    a longer order that ``job_order`` begins; the skip-gc sets are then those of ``gc_order``
+    (a value a later, absent job would read stays alive after the plan ends: profiling's
+    prefix plans)."""
     _check_m(num_micro_batches)
     job_order = list(job_order)
     if not job_order:
         raise ValueError("job_order is empty")
-    for t, mb in job_order:
+    gc_order = job_order if gc_order is None else list(gc_order)
+    if gc_order[:len(job_order)] != job_order:
+        raise ValueError("gc_order must begin with job_order")
+    for t, mb in gc_order:
         if t not in programs:
             raise ValueError(f"job type {t!r} has no program (have {sorted(programs)})")
         if not isinstance(mb, int) or not 0 <= mb < num_micro_batches:
             raise ValueError(f"micro-batch id {mb!r} of {t} not in [0, {num_micro_batches})")
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
+    gc_used = {t: programs[t] for t in dict.fromkeys(t for t, _ in gc_order)}
     if required_vars is None:
-        required = required_vars_of(used)
+        required = required_vars_of(gc_used)
     else:  # the split already knows each program's names: only drop the never-read buffers
-        no_need = shape_only_handoffs(used)
-        required = {t: set(required_vars[t]) - no_need[t] for t in used}
+        no_need = shape_only_handoffs(gc_used)
+        required = {t: set(required_vars[t]) - no_need[t] for t in gc_used}
+    skip = skip_gc_sets(gc_order, required, num_micro_batches)
     jobs = []
-    for t, mb in job_order:
+    for (t, mb), keep in zip(job_order, skip):
         job = core.Job(t)
         job.set_micro_batch_id(mb)
+        job.set_skip_gc_vars(keep)
         jobs.append(job)
-    later = [set() for _ in range(num_micro_batches)]
-    for job in reversed(jobs):
-        mb = job.micro_batch_id()
-        req = required[job.type()]
-        job.set_skip_gc_vars(req & later[mb])
-        later[mb] |= req
     return core.Plan(jobs, used)
+
+
+def skip_gc_sets(job_order: Sequence[Tuple[str, int]], required: Dict[str, set],
+                 num_micro_batches: int) -> List[set]:
+    """Per job of ``job_order``, the values of ``required[type]`` that a later job of the same
+    micro-batch still reads (walking the order backwards)."""
+    later = [set() for _ in range(num_micro_batches)]
+    skip: List[set] = [set() for _ in job_order]
+    for i in reversed(range(len(job_order))):
+        t, mb = job_order[i]
+        skip[i] = required[t] & later[mb]
+        later[mb] |= required[t]
+    return skip
 
 
 def fthenb_order(num_chunks: int, num_micro_batches: int, split_backward: bool = False
@@ -138,7 +154,7 @@ def fthenb_order(num_chunks: int, num_micro_batches: int, split_backward: bool =
     return order
 
 
-def _as_tensor(array, place):
+def as_tensor(array, place):
     t = core.DenseTensor()
     t.set(np.ascontiguousarray(array), place)
     return t
@@ -202,7 +218,7 @@ class PlanRunner:
         arrays = check_feed(feed, self.inputs.feeds, m)
         self._check_scope()
         for name, arr in arrays.items():
-            core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
+            core.set_feed_variable(self.scope, as_tensor(arr, self.place), name, 0)
         apply_lr_scheduler(self.program, self.scope, self.place)
         if self._executor is not None and self._executor_is_stale():
             self._executor = None  # rebuild on the scope's current variables

@@ -61,7 +61,8 @@ from typing import Dict, List, Optional
 
 import paddle
 
-from .complete import BACKWARD as _ROLE_BWD, FORWARD as _ROLE_FWD, OPTIMIZE as _ROLE_OPT, SINK_OPS
+from .complete import SINK_OPS
+from .roles import BACKWARD_W_ATTR as W_ATTR, ROLE_BACKWARD, ROLE_OPTIMIZE
 
 __all__ = [
     "W_ATTR",
@@ -71,8 +72,6 @@ __all__ = [
     "is_backward_w",
     "op_flops",
 ]
-
-W_ATTR = "pipesplit_backward_w"
 
 _DECOMPOSABLE = ("pd_op.matmul_grad", "pd_op.add_grad")
 _EMBEDDING_GRADS = ("pd_op.embedding_grad", "pd_op.sparse_weight_embedding_grad")
@@ -247,7 +246,7 @@ def op_flops(op, batch_size: int = 1) -> int:
 
 
 def _backward_ops(block):
-    return [op for op in block.ops if op.op_role == _ROLE_BWD]
+    return [op for op in block.ops if op.op_role == ROLE_BACKWARD]
 
 
 def classify_backward(program, chunks=None):
@@ -257,7 +256,7 @@ def classify_backward(program, chunks=None):
     chunk stays whole, all B.  Pure analysis, the program is not changed."""
     block = program.global_block()
     ops = list(block.ops)
-    bwd = [op for op in ops if op.op_role == _ROLE_BWD]
+    bwd = [op for op in ops if op.op_role == ROLE_BACKWARD]
     bwd_set = set(bwd)
     is_b = {}
     needed = set()
@@ -276,7 +275,7 @@ def classify_backward(program, chunks=None):
                     # users come later in the topological order)
                     if is_b.get(user, True):
                         res_needed = True
-                elif user.op_role == _ROLE_OPT:
+                elif user.op_role == ROLE_OPTIMIZE:
                     continue
                 else:
                     res_needed = True  # leaves the chunk / unknown consumer
@@ -304,13 +303,13 @@ class _Emitter:
         idx = ops_before.index(self.last)
         n0 = len(ops_before)
         paddle.pir.set_insertion_point_after(self.last)
-        with paddle.base.framework.pir_op_role_guard(_ROLE_BWD), \
+        with paddle.base.framework.pir_op_role_guard(ROLE_BACKWARD), \
                 paddle.base.framework.pir_chunk_id_guard(self.chunk):
             out = fn(*args)
         ops_after = list(self.block.ops)
         new_ops = ops_after[idx + 1: idx + 1 + len(ops_after) - n0]
         for op in new_ops:
-            op.op_role = _ROLE_BWD
+            op.op_role = ROLE_BACKWARD
             op.set_int_attr("chunk_id", self.chunk)
         if new_ops:
             self.last = new_ops[-1]
@@ -469,7 +468,7 @@ def _param_grads(block, bwd_ops) -> int:
     for op in bwd_ops:
         res = list(op.results())
         for r in res:
-            if _used(r) and any(u.op_role == _ROLE_OPT for u in r.all_used_ops()):
+            if _used(r) and any(u.op_role == ROLE_OPTIMIZE for u in r.all_used_ops()):
                 found.add(_vkey(r))
         if not op.name().endswith("_grad"):
             continue
@@ -502,6 +501,21 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto",
     Raises:
         ValueError: no backward ops (op_role 1), no parameter gradients, bad arguments.
     """
+    chunks = _check_split_args(batch_size, decompose, chunks)
+    block = program.global_block()
+    n_pg = _param_grads(block, _require_backward_ops(block))
+    if n_pg == 0:
+        raise ValueError("split_backward: the program computes no parameter gradients; "
+                         "there is nothing to move into backward_w")
+    report = SplitReport(num_param_grads=n_pg, batch_size=batch_size)
+    report.decomposed = _decompose_mixed_grads(program, decompose, chunks)
+    is_b, _ = classify_backward(program, chunks)
+    _mark_and_count(_backward_ops(block), is_b, batch_size, report)
+    return report
+
+
+def _check_split_args(batch_size, decompose, chunks):
+    """``chunks`` as a frozenset (or None); a ValueError for a bad argument."""
     if decompose not in ("auto", "all", "none"):
         raise ValueError(f"decompose must be 'auto', 'all' or 'none', got {decompose!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -510,7 +524,10 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto",
         chunks = frozenset(chunks)
         if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in chunks):
             raise ValueError(f"chunks must be chunk ids (ints >= 0), got {sorted(chunks, key=str)}")
-    block = program.global_block()
+    return chunks
+
+
+def _require_backward_ops(block) -> list:
     bwd = _backward_ops(block)
     if not bwd:
         n_grad = sum(1 for op in block.ops if op.name().endswith("_grad"))
@@ -518,12 +535,13 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto",
                 if n_grad else "")
         raise ValueError("split_backward: the program has no backward ops (op_role == 1)"
                          + hint)
-    n_pg = _param_grads(block, bwd)
-    if n_pg == 0:
-        raise ValueError("split_backward: the program computes no parameter gradients; "
-                         "there is nothing to move into backward_w")
+    return bwd
 
-    report = SplitReport(num_param_grads=n_pg, batch_size=batch_size)
+
+def _decompose_mixed_grads(program, decompose: str, chunks) -> Dict[str, int]:
+    """Decompose the candidate grad ops (at most four rounds: a decomposition can make new
+    candidates); per op name, how many were decomposed."""
+    block = program.global_block()
     decomposed = Counter()
     with paddle.static.program_guard(program):
         for _ in range(4):
@@ -539,12 +557,15 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto",
                     changed = True
             if not changed or decompose == "all":
                 break
+    return dict(decomposed)
 
-    is_b, _ = classify_backward(program, chunks)
+
+def _mark_and_count(bwd, is_b, batch_size: int, report: SplitReport) -> None:
+    """Set / clear the W marker on every backward op and fill ``report``'s per-chunk counts:
+    ops, FLOPs, and the values W reads from B of its chunk and from the forward."""
     b_ops, w_ops = defaultdict(int), defaultdict(int)
     b_fl, w_fl = defaultdict(int), defaultdict(int)
     b_to_w, fwd_to_w = defaultdict(set), defaultdict(set)
-    bwd = _backward_ops(block)
     for op in bwd:
         c = op.chunk_id
         f = op_flops(op, batch_size)
@@ -553,27 +574,23 @@ def split_backward(program, batch_size: int = 1, decompose: str = "auto",
             b_fl[c] += f
             if op.has_attr(W_ATTR):
                 op.erase_attr(W_ATTR)
-        else:
-            w_ops[c] += 1
-            w_fl[c] += f
-            op.set_bool_attr(W_ATTR, True)
-            for src in op.operands_source():
-                if not src.initialized():
-                    continue
-                prod = src.get_defining_op()
-                if prod is None:
-                    continue
-                if prod.op_role == _ROLE_BWD:
-                    if is_b.get(prod) and prod.chunk_id == c:
-                        b_to_w[c].add(_vkey(src))
-                elif not _is_param(src):
-                    fwd_to_w[c].add(_vkey(src))
+            continue
+        w_ops[c] += 1
+        w_fl[c] += f
+        op.set_bool_attr(W_ATTR, True)
+        for src in op.operands_source():
+            prod = src.get_defining_op() if src.initialized() else None
+            if prod is None:
+                continue
+            if prod.op_role == ROLE_BACKWARD:
+                if is_b.get(prod) and prod.chunk_id == c:
+                    b_to_w[c].add(_vkey(src))
+            elif not _is_param(src):
+                fwd_to_w[c].add(_vkey(src))
     chunks = sorted(set(b_ops) | set(w_ops))
-    report.decomposed = dict(decomposed)
     report.b_ops = {c: b_ops[c] for c in chunks}
     report.w_ops = {c: w_ops[c] for c in chunks}
     report.b_flops = {c: b_fl[c] for c in chunks}
     report.w_flops = {c: w_fl[c] for c in chunks}
     report.b_to_w_values = {c: len(b_to_w[c]) for c in chunks}
     report.fwd_to_w_values = {c: len(fwd_to_w[c]) for c in chunks}
-    return report

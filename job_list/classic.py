@@ -1,10 +1,10 @@
 """Classic (full-backward) pipeline schedules on the looped placement.
 
-Every generator here is the same three-phase shape, as in PyTorch's ``schedules.py`` and
-Megatron's interleaved schedule: each rank has one *forward order* and one *backward order* of
-its (chunk, micro-batch) pairs, runs ``num_warmup`` forwards, then alternates one forward / one
-backward (steady state), then drains the remaining backwards (cool-down).  The schedules differ
-only in the orders and in the warm-up count per rank, so they share :func:`interleave`.
+Every generator here is the three-phase shape of PyTorch's ``schedules.py``, Megatron's
+interleaved schedule and sail-sg zero-bubble's 1F1B, written out per rank: ``warmup = ...``
+forwards, then one forward / one backward (steady state), then the remaining backwards
+(cool-down) -- :func:`interleave`.  The schedules differ only in the warm-up count per rank
+(which each generator states) and, for LoopedBFS, in the order.
 
 Orders (Megatron's ``microbatch_group_size_per_vp_stage``): micro-batches go in groups;
 forwards run group by group and, within a group, chunk by chunk; backwards the same with the
@@ -13,11 +13,12 @@ micro-batch's next chunk come up on rank 0 before its previous chunk has left ra
 the steady state has already put backwards of the earlier group in between -- a dependency
 cycle (Paddle 3.3.1's VPP at pp=4, vpp=4, m=5; Megatron refuses such ``m``).  So ``m`` is cut
 into ``m // pp`` groups as equal as possible (sizes differ by at most one, larger first), and
-the warm-up covers the largest group.
+with vpp > 1 the warm-up also covers the largest group of the other chunks (``fill``).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 from .ir import BACKWARD, FORWARD, Job, Slot
 from .placement import check_positive_int
@@ -48,49 +49,63 @@ def grouped_order(vpp: int, groups: Sequence[range], reverse_chunks: bool = Fals
     return [(chunk, mb) for group in groups for chunk in chunks for mb in group]
 
 
+@dataclass(frozen=True)
+class LoopedOrders:
+    """Megatron's grouped orders of a rank's (chunk, mb) pairs; every rank has the same."""
+
+    forwards: List[Slot]
+    backwards: List[Slot]  # the chunks reversed within each group
+    #: ``(vpp-1) * largest group``: the forwards that fill the last rank until the last chunk's
+    #: first backward of a group appears there (fewer make that backward wait on a forward
+    #: queued behind it); 0 for vpp = 1.
+    fill: int
+
+
+def looped_orders(vpp: int, m: int, group_size: int) -> LoopedOrders:
+    groups = micro_batch_groups(m, group_size)
+    return LoopedOrders(forwards=grouped_order(vpp, groups),
+                        backwards=grouped_order(vpp, groups, reverse_chunks=True),
+                        fill=(vpp - 1) * max(len(group) for group in groups))
+
+
 def interleave(forward_jobs: Sequence[Job], backward_jobs: Sequence[Job], num_warmup: int) -> List[Job]:
     """Warm-up forwards, then one forward / one backward (steady), then the rest (cool-down).
 
     ``num_warmup`` is clamped to ``[0, len(forward_jobs)]``; both lists must be equally long.
     """
-    if len(forward_jobs) != len(backward_jobs):
+    n = len(forward_jobs)
+    if len(backward_jobs) != n:
         raise ValueError(f"interleave needs as many backwards ({len(backward_jobs)}) as "
-                         f"forwards ({len(forward_jobs)})")
-    warmup = max(0, min(num_warmup, len(forward_jobs)))
-    jobs = list(forward_jobs[:warmup])
-    steady = len(forward_jobs) - warmup
-    for i in range(steady):
+                         f"forwards ({n})")
+    warmup = max(0, min(num_warmup, n))
+    steady = n - warmup
+    jobs: List[Job] = []
+    for i in range(warmup):                    # warm-up: forwards only
+        jobs.append(forward_jobs[i])
+    for i in range(steady):                    # steady: one forward, one backward
         jobs.append(forward_jobs[warmup + i])
         jobs.append(backward_jobs[i])
-    jobs.extend(backward_jobs[steady:])
+    for i in range(steady, n):                 # cool-down: the backwards still owed
+        jobs.append(backward_jobs[i])
     return jobs
 
 
-def _jobs(kind: str, order: Sequence[Slot]) -> List[Job]:
-    return [Job(kind, chunk, mb) for chunk, mb in order]
-
-
-def looped_1f1b(pp: int, vpp: int, m: int, warmup_per_rank: Sequence[int],
-                group_size: Optional[int] = None) -> List[List[Job]]:
-    """Per-rank job lists of a grouped, interleaved 1F1B with the given warm-up counts."""
-    group_size = pp if group_size is None else check_positive_int("group_size", group_size)
-    groups = micro_batch_groups(m, group_size)
-    forwards = _jobs(FORWARD, grouped_order(vpp, groups))
-    backwards = _jobs(BACKWARD, grouped_order(vpp, groups, reverse_chunks=True))
-    return [interleave(forwards, backwards, warmup_per_rank[rank]) for rank in range(pp)]
+def one_forward_one_backward(orders: LoopedOrders, warmup: int) -> List[Job]:
+    """:func:`interleave` of ``orders`` as forward / full-backward jobs."""
+    return interleave([Job(FORWARD, c, mb) for c, mb in orders.forwards],
+                      [Job(BACKWARD, c, mb) for c, mb in orders.backwards], warmup)
 
 
 def interleaved_warmup(pp: int, vpp: int, m: int, per_hop: int, extra: int = 0,
                        group_size: Optional[int] = None) -> List[int]:
-    """Warm-up forwards per rank: ``(vpp-1)*largest_group + per_hop*(pp-1-rank) + extra``.
+    """Warm-up forwards per rank: ``fill + per_hop*(pp-1-rank) + extra``, at most ``m*vpp``.
 
-    The first term fills the last rank until the last chunk's first backward of a group appears
-    there (a smaller fill makes that backward wait on a forward queued behind it); the second
-    covers the time that backward needs to travel back to ``rank`` (``per_hop`` = 2 keeps a
-    rank busy while tB = 2 tF and hides p2p latency); ``extra`` is Paddle's eager one.
+    ``fill`` is :attr:`LoopedOrders.fill`; the second term covers the time the last chunk's
+    backward needs to travel back to ``rank`` (``per_hop`` = 2 keeps a rank busy while
+    tB = 2 tF and hides p2p latency); ``extra`` is Paddle's eager one.  (The generators below
+    write their count out; the auto search varies ``per_hop`` and ``extra``.)
     """
-    groups = micro_batch_groups(m, pp if group_size is None else group_size)
-    fill = (vpp - 1) * max(len(group) for group in groups)
+    fill = looped_orders(vpp, m, pp if group_size is None else group_size).fill
     return [min(m * vpp, fill + per_hop * (pp - 1 - rank) + extra) for rank in range(pp)]
 
 
@@ -102,7 +117,9 @@ def fthenb(pp: int, vpp: int, m: int) -> List[List[Job]]:
 
     vpp > 1 keeps the grouped interleaved order (forwards of a group chunk by chunk).
     """
-    return looped_1f1b(pp, vpp, m, [m * vpp] * pp)
+    orders = looped_orders(vpp, m, group_size=pp)
+    warmup = m * vpp                           # every forward: no steady state
+    return [one_forward_one_backward(orders, warmup) for _rank in range(pp)]
 
 
 @register_schedule("1F1B")
@@ -111,7 +128,12 @@ def one_f_one_b(pp: int, vpp: int, m: int) -> List[List[Job]]:
 
     vpp > 1 is served as an interleaved 1F1B with the least warm-up (one forward per hop).
     """
-    return looped_1f1b(pp, vpp, m, interleaved_warmup(pp, vpp, m, per_hop=1))
+    orders = looped_orders(vpp, m, group_size=pp)
+    ranks = []
+    for rank in range(pp):
+        warmup = orders.fill + (pp - 1 - rank)
+        ranks.append(one_forward_one_backward(orders, warmup))
+    return ranks
 
 
 @register_schedule("Eager1F1B")
@@ -120,7 +142,12 @@ def eager_1f1b(pp: int, vpp: int, m: int) -> List[List[Job]]:
 
     vpp > 1 adds the interleaved fill ``(vpp-1)*pp`` in front, as VPP does.
     """
-    return looped_1f1b(pp, vpp, m, interleaved_warmup(pp, vpp, m, per_hop=2, extra=1))
+    orders = looped_orders(vpp, m, group_size=pp)
+    ranks = []
+    for rank in range(pp):
+        warmup = orders.fill + 2 * (pp - 1 - rank) + 1
+        ranks.append(one_forward_one_backward(orders, warmup))
+    return ranks
 
 
 @register_schedule("VPP", aliases=("Interleaved1F1B",))
@@ -134,13 +161,17 @@ def vpp_schedule(pp: int, vpp: int, m: int, group_size: Optional[int] = None) ->
         check_positive_int("group_size", group_size)
         if group_size < pp:
             raise ValueError(f"group_size must be >= pp ({pp}) for VPP, got {group_size}")
-    return looped_1f1b(pp, vpp, m, interleaved_warmup(pp, vpp, m, per_hop=2, group_size=group_size),
-                       group_size=group_size)
+    orders = looped_orders(vpp, m, group_size=pp if group_size is None else group_size)
+    ranks = []
+    for rank in range(pp):
+        warmup = orders.fill + 2 * (pp - 1 - rank)
+        ranks.append(one_forward_one_backward(orders, warmup))
+    return ranks
 
 
 @register_schedule("LoopedBFS")
 def looped_bfs(pp: int, vpp: int, m: int) -> List[List[Job]]:
     """Looped BFS (PyTorch): chunk by chunk all forwards, then chunks reversed all backwards."""
-    forwards = _jobs(FORWARD, [(c, mb) for c in range(vpp) for mb in range(m)])
-    backwards = _jobs(BACKWARD, [(c, mb) for c in reversed(range(vpp)) for mb in range(m)])
-    return [forwards + backwards for _ in range(pp)]
+    jobs = [Job(FORWARD, chunk, mb) for chunk in range(vpp) for mb in range(m)]
+    jobs += [Job(BACKWARD, chunk, mb) for chunk in reversed(range(vpp)) for mb in range(m)]
+    return [list(jobs) for _rank in range(pp)]

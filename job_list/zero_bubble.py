@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from typing import List, Sequence
 
-from .classic import grouped_order, interleaved_warmup, micro_batch_groups
+from .classic import looped_orders
 from .costs import Costs
 from .greedy import GreedyPolicy, greedy_orders
 from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job, Slot
@@ -67,27 +67,24 @@ def zb_rank_jobs(forwards: Sequence[Slot], backwards: Sequence[Slot], warmup: in
     if len(backwards) != n:
         raise ValueError(f"zb_rank_jobs needs as many backwards ({len(backwards)}) as forwards ({n})")
     warmup = max(0, min(warmup, n))
-    jobs = [_f(slot) for slot in forwards[:warmup]]
-    waiting: deque = deque()
-
-    def backward(index: int, with_weight: bool) -> None:
-        jobs.append(_i(backwards[index]))
-        waiting.append(backwards[index])
-        if with_weight:
-            jobs.append(_w(waiting.popleft()))
-
     steady = n - warmup
-    for step in range(steady):
-        jobs.append(_f(forwards[warmup + step]))
-        backward(step, with_weight=step >= deferred)
-    for index in range(steady, n):
-        backward(index, with_weight=True)
-    jobs.extend(_w(slot) for slot in waiting)
+    jobs: List[Job] = []
+    waiting: deque = deque()  # (chunk, mb) whose I has run and whose W has not, oldest first
+    for i in range(warmup):                    # warm-up: forwards only
+        jobs.append(_f(forwards[i]))
+    for i in range(steady):                    # steady: F, I, and the oldest W once `deferred`
+        jobs.append(_f(forwards[warmup + i]))  # W's are held back
+        jobs.append(_i(backwards[i]))
+        waiting.append(backwards[i])
+        if i >= deferred:
+            jobs.append(_w(waiting.popleft()))
+    for i in range(steady, n):                 # cool-down: I, then the oldest W
+        jobs.append(_i(backwards[i]))
+        waiting.append(backwards[i])
+        jobs.append(_w(waiting.popleft()))
+    for slot in waiting:                       # the kept-back W's fill the cool-down bubble
+        jobs.append(_w(slot))
     return jobs
-
-
-def _plain_order(m: int) -> List[Slot]:
-    return [(0, mb) for mb in range(m)]
 
 
 # --------------------------------------------------------------------------- looped placement
@@ -96,27 +93,39 @@ def _plain_order(m: int) -> List[Slot]:
 def zbh1(pp: int, vpp: int, m: int) -> List[List[Job]]:
     """ZB-H1: 1F1B's skeleton and peak memory; rank r keeps r W's back to fill the cool-down."""
     require_vpp("ZBH1", vpp, exactly=1)
-    order = _plain_order(m)
-    return [zb_rank_jobs(order, order, pp - 1 - r, r) for r in range(pp)]
+    order = [(0, mb) for mb in range(m)]
+    ranks = []
+    for rank in range(pp):
+        warmup = pp - 1 - rank                 # 1F1B's
+        deferred = rank
+        ranks.append(zb_rank_jobs(order, order, warmup, deferred))
+    return ranks
 
 
 @register_schedule("ZBH2", aliases=("ZB-H2",), placement=LOOPED, splits_backward=True)
 def zbh2(pp: int, vpp: int, m: int) -> List[List[Job]]:
     """ZB-H2: 2*(pp-1-r) warm-up forwards, W's fill the rest; about twice 1F1B's memory."""
     require_vpp("ZBH2", vpp, exactly=1)
-    order = _plain_order(m)
-    return [zb_rank_jobs(order, order, 2 * (pp - 1 - r), r) for r in range(pp)]
+    order = [(0, mb) for mb in range(m)]
+    ranks = []
+    for rank in range(pp):
+        warmup = 2 * (pp - 1 - rank)           # fills the start-up bubble
+        deferred = rank
+        ranks.append(zb_rank_jobs(order, order, warmup, deferred))
+    return ranks
 
 
 @register_schedule("InterleavedZB", aliases=("InterleavedZeroBubble", "ZBVPP-looped"),
                    placement=LOOPED, splits_backward=True)
 def interleaved_zb(pp: int, vpp: int, m: int) -> List[List[Job]]:
     """Interleaved zero bubble (PyTorch): looped VPP skeleton, one warm-up F per hop, ZB-H1 W's."""
-    groups = micro_batch_groups(m, pp)
-    forwards = grouped_order(vpp, groups)
-    backwards = grouped_order(vpp, groups, reverse_chunks=True)
-    warmup = interleaved_warmup(pp, vpp, m, per_hop=1)
-    return [zb_rank_jobs(forwards, backwards, warmup[r], r) for r in range(pp)]
+    orders = looped_orders(vpp, m, group_size=pp)
+    ranks = []
+    for rank in range(pp):
+        warmup = orders.fill + (pp - 1 - rank)  # interleaved 1F1B's
+        deferred = rank
+        ranks.append(zb_rank_jobs(orders.forwards, orders.backwards, warmup, deferred))
+    return ranks
 
 
 # --------------------------------------------------------------------------- V placement

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
+from pipesplit.job_list.ir import COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
 from pipesplit.job_list.lower import lower_comm, peer_of
 from pipesplit.job_list.validate import validate
 
@@ -36,12 +36,11 @@ paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
-from pipesplit.ir_utils.complete import BACKWARD, FORWARD, OPTIMIZE  # noqa: E402
+from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
 from pipesplit.ir_utils.p2p import (Transfer, add_event_dependency, build_comm_program,  # noqa: E402
                                     first_user, p2p_to_gloo_broadcasts, producer_of)
 
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
-COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
 HANDOFF_PREFIX = "pipesplit_p2p_"
 
 
@@ -81,9 +80,9 @@ class EngineTransfer:
 
 def _kind_of(op) -> str:
     sending = op.name() == "pd_op.send_v2"
-    if op.op_role == FORWARD:
+    if op.op_role == ROLE_FORWARD:
         return SEND_FORWARD if sending else RECV_FORWARD
-    if op.op_role == BACKWARD:
+    if op.op_role == ROLE_BACKWARD:
         return SEND_BACKWARD if sending else RECV_BACKWARD
     raise ValueError(f"the engine program has {op.name()} with op_role {op.op_role}; "
                      "pipesplit knows p2p between forward stages, between backward stages "
@@ -103,7 +102,7 @@ def localize_chunks(program, vpp: int) -> None:
     """Every forward / backward op gets a local chunk id in [0, vpp): with vpp = 1 the engine
     sets none, so all are chunk 0; with vpp > 1 an id outside the range is an error."""
     for op in program.global_block().ops:
-        if op.op_role not in (FORWARD, BACKWARD):
+        if op.op_role not in (ROLE_FORWARD, ROLE_BACKWARD):
             continue
         c = op.chunk_id if op.has_attr("chunk_id") else -1
         if vpp == 1:
@@ -125,7 +124,7 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransf
     out: List[EngineTransfer] = []
     counts: Dict[Tuple[str, int], int] = {}
     for op in list(block.ops):
-        if op.name() not in P2P_OPS or op.op_role == OPTIMIZE:
+        if op.name() not in P2P_OPS or op.op_role == ROLE_OPTIMIZE:
             continue  # the optimizer's exchanges (clipping's norms) stay in its program
         kind, chunk = _kind_of(op), op.chunk_id
         attrs = op.attrs()

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import (COMM_KINDS as _COMM_KINDS, COMPUTE_KINDS as _COMPUTE_KINDS,
-                                   RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
-                                   parse_job_type)
+from pipesplit.job_list.ir import (COMM_KINDS, COMPUTE_KINDS, RECV_FORWARD, SEND_BACKWARD,
+                                   SEND_FORWARD, parse_job_type)
 from pipesplit.job_list.lower import global_order, lower_comm, peer_of
 from pipesplit.job_list.validate import validate
 
@@ -356,14 +355,14 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     owners: Dict[str, Set[int]] = {}
     for t, prog in split.programs.items():
         kind, s = parse_job_type(t)
-        if kind not in _COMPUTE_KINDS:
+        if kind not in COMPUTE_KINDS:
             continue
         for n in _names_in(prog):
             owners.setdefault(n, set()).add(placement.rank_of(s))
     params = set()
     for t, prog in split.programs.items():
         kind, s = parse_job_type(t)
-        if kind in _COMPUTE_KINDS:
+        if kind in COMPUTE_KINDS:
             params |= _params_in(prog)
     # a parameter used by stages on several ranks (tied weights) lives on each of them: its
     # gradient contributions are all-reduced in the optimizer programs (filter_optimizer)
@@ -379,7 +378,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     ring_ids = p2p_ring_ids(schedule) if backend == "nccl" else {}
     comm: Dict[str, CommJobInfo] = {}
     for c, s in stages.items():
-        for kind in _COMM_KINDS:
+        for kind in COMM_KINDS:
             t = f"{kind}{c}"
             sel = _comm_transfers(kind, s, transfers)
             prog, comm_ops = build_comm_program(sel, rank, backend, ring_ids=ring_ids,

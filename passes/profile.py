@@ -17,331 +17,34 @@ small ``core.Plan`` s built with :func:`~pipesplit.ir_utils.make_plan` on the st
   micro-batch; ``forward`` deltas are the activation bytes of one stage for one micro-batch,
   the unit of :func:`~pipesplit.job_list.simulate.simulate`'s memory model.
 
-Allocator statistics: ``host_memory_stat_*("Allocated", 0)`` on CPU, ``device_memory_stat_*``
-on GPU (process RSS hides the allocator's caching).  Times are milliseconds.
-
-Memory figures are repeatable (the same bytes in every run, however busy the machine): the
-executor runs serially while measuring (:func:`serial_executor`), live bytes are read once its
-garbage-collector thread has caught up (:meth:`MemoryStats.settled_current`), and a step whose
-peak is measured runs behind that thread (:func:`run_behind_gc`).
+Times are milliseconds.  The measuring itself (allocator statistics, the serial executor, runs
+behind the executor's garbage collector, timed plan runs) is :mod:`pipesplit.ir_utils.measure`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import statistics
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from pipesplit.job_list.events import rank_peaks, serial_memory  # noqa: F401 (re-exported)
+from pipesplit.job_list.ir import COMM_KINDS, COMPUTE_KINDS, parse_job_type
 from pipesplit.job_list.simulate import Costs
 
 from ._paddle import require_supported_paddle
 
 paddle = require_supported_paddle()
-from paddle.base import core  # noqa: E402
 
 from pipesplit.ir_utils import init_scope, make_plan  # noqa: E402
-from pipesplit.ir_utils.runner import _as_tensor, required_vars_of  # noqa: E402
+from pipesplit.ir_utils.measure import (PEAK_RUNS, MemoryStats, TimedExecutor,  # noqa: E402
+                                        gc_priority, median_time_difference, plan_with_gc_of,
+                                        run_behind_gc, serial_executor)
 
-T = TypeVar("T")
-COMM_KINDS = ("send_forward", "recv_forward", "send_backward", "recv_backward")
-STAGE_KINDS = ("forward", "backward", "backward_b", "backward_w") + COMM_KINDS
+STAGE_KINDS = COMPUTE_KINDS + COMM_KINDS  # the job kinds with one chunk (= global stage) each
 FORMAT = "pipesplit-profile/1"
-#: how :meth:`MemoryStats.settled_current` waits for the executor's GC thread: the live bytes
-#: must stay unchanged, with no other thread runnable, for SETTLE_POLLS polls SETTLE_POLL_S
-#: apart; other threads busy for SETTLE_TIMEOUT_S seconds is an error
-SETTLE_POLL_S = 0.002
-SETTLE_POLLS = 10
-SETTLE_TIMEOUT_S = 30.0
-#: whole-step runs whose smallest allocator peak is a schedule's measured peak (the GC thread
-#: lagging behind only ever raises a peak, so the minimum is the repeatable value)
-PEAK_RUNS = 3
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
-
-
-# --------------------------------------------------------------------------- allocator stats
-
-class MemoryStats:
-    """Current / peak allocated bytes of Paddle's allocator for ``place`` (host or device)."""
-
-    def __init__(self, place=None):
-        self.place = place if place is not None else paddle.CPUPlace()
-        if isinstance(self.place, paddle.CPUPlace):
-            self.device_id = 0
-            self._cur = core.host_memory_stat_current_value
-            self._peak = core.host_memory_stat_peak_value
-            self._reset = core.host_memory_stat_reset_peak_value
-        else:
-            self.device_id = self.place.get_device_id()
-            self._cur = core.device_memory_stat_current_value
-            self._peak = core.device_memory_stat_peak_value
-            self._reset = core.device_memory_stat_reset_peak_value
-
-    def current(self) -> int:
-        return int(self._cur("Allocated", self.device_id))
-
-    def peak(self) -> int:
-        return int(self._peak("Allocated", self.device_id))
-
-    def reset_peak(self) -> None:
-        self._reset("Allocated", self.device_id)
-
-    def settled_current(self, poll_s: float = SETTLE_POLL_S, polls: int = SETTLE_POLLS,
-                        timeout_s: float = SETTLE_TIMEOUT_S) -> int:
-        """:meth:`current` once the executor's garbage collector has caught up.
-
-        On CPU Paddle's executor frees dead tensors on a garbage-collector thread of its own
-        (the interpreter's event GC), so right after ``run`` returns some frees may still be
-        queued, more of them the busier the machine.  Every allocation of the run is done by
-        then, so the value is read once the live bytes have not changed for ``polls``
-        consecutive polls while no other thread of the process was runnable (a GC thread with
-        frees queued is runnable even while the machine's load keeps it off the CPU, which a
-        fixed quiet period alone cannot tell from a finished one).  Raises ``RuntimeError``
-        naming the threads when they stay busy for ``timeout_s`` seconds."""
-        deadline = time.monotonic() + timeout_s
-        last, quiet = self.current(), 0
-        while True:
-            time.sleep(poll_s)
-            busy = _busy_threads()
-            now = self.current()
-            quiet = quiet + 1 if not busy and now == last else 0
-            if quiet >= polls:
-                return now
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"memory measurement: threads {busy} of this process stayed runnable for "
-                    f"{timeout_s} s after an executor run, so the executor's garbage collector "
-                    "cannot be seen to have caught up; measure memory in a process that runs "
-                    "nothing else meanwhile")
-            last = now
-
-
-def _busy_threads() -> List[int]:
-    """Threads of this process, other than the calling one, that are runnable or in an
-    uninterruptible wait (``/proc`` state R or D)."""
-    own = threading.get_native_id()
-    busy = []
-    for tid in _threads():
-        if tid == own:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
-            continue
-        if state in (b"R", b"D"):
-            busy.append(tid)
-    return busy
-
-
-@contextlib.contextmanager
-def serial_executor(enabled: bool = True):
-    """Run Paddle's executor on one thread, ops in program order, while measuring memory: the
-    order in which a job's ops allocate and free is then the program's, the same every run.
-    (What still varies is how far the GC thread lags behind; see
-    :meth:`MemoryStats.settled_current` and :data:`PEAK_RUNS`.)"""
-    flags = ("FLAGS_new_executor_serial_run", "FLAGS_new_executor_sequential_run")
-    if not enabled:
-        yield
-        return
-    old = paddle.get_flags(list(flags))
-    paddle.set_flags({f: True for f in flags})
-    try:
-        yield
-    finally:
-        paddle.set_flags(old)
-
-
-def run_behind_gc(fn: Callable[[], T]) -> T:
-    """``fn()`` with every thread of the process on one CPU and the executor's garbage-collector
-    thread ahead of the caller, so that it runs as soon as it has tensors to free, before the
-    step allocates anything more.
-
-    On CPU, Paddle's executor frees dead tensors on that thread, asynchronously; it can fall
-    several ops behind, the more the busier the machine, and every tensor it has not freed yet
-    adds to the allocator's peak: peaks of one step varied by 5-20% between runs.  On one CPU
-    the GC thread cannot run beside the step, only instead of it; and when it is ahead of the
-    caller, it runs the moment it is woken: the peak is then the one the program's order of
-    allocations and frees gives, the same in every run.
-
-    How the GC thread is put ahead (:func:`gc_priority`): where the process may use real-time
-    scheduling (root, or ``CAP_SYS_NICE``), every other thread of the process runs
-    ``SCHED_FIFO`` meanwhile, which preempts any normal thread of any process, so even a busy
-    machine cannot delay a free (24 of 24 runs gave the same peak under a load of 4 on 2
-    cores).  Otherwise ``fn`` runs on a thread of the idle class (``SCHED_IDLE``), which a
-    woken normal thread preempts; other processes' threads can then still delay the GC thread,
-    and on a busy machine about one run in five reads a higher peak (hence :data:`PEAK_RUNS`).
-    (Scheduling classes and affinities are Linux features; elsewhere ``fn`` runs on the calling
-    thread.)"""
-    if not sys.platform.startswith("linux"):
-        return fn()
-    with _on_one_cpu():
-        if gc_priority() == "realtime":
-            with _other_threads_realtime():
-                return fn()
-        return _on_idle_thread(fn)
-
-
-def gc_priority() -> str:
-    """How :func:`run_behind_gc` puts the GC thread ahead here: ``"realtime"`` where this process
-    may use ``SCHED_FIFO``, else ``"idle"`` (see there)."""
-    global _GC_PRIORITY
-    if _GC_PRIORITY is None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            _GC_PRIORITY = "realtime"
-        except (PermissionError, OSError, AttributeError):
-            _GC_PRIORITY = "idle"
-    return _GC_PRIORITY
-
-
-_GC_PRIORITY: Optional[str] = None
-
-
-@contextlib.contextmanager
-def _other_threads_realtime():
-    """Every thread of the process but the caller on ``SCHED_FIFO`` for the block (normal
-    scheduling restored after it)."""
-    own = threading.get_native_id()
-    raised = []
-    try:
-        for tid in _threads():
-            if tid != own:
-                try:
-                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
-                    raised.append(tid)
-                except ProcessLookupError:  # the thread ended meanwhile
-                    pass
-        yield
-    finally:
-        for tid in raised:
-            try:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            except ProcessLookupError:
-                pass
-
-
-def _on_idle_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` on a new thread of the idle scheduling class; its result or exception here."""
-    result = {}
-
-    def body():
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # re-raised on the calling thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=body, name="pipesplit-memory-measurement")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
-
-
-@contextlib.contextmanager
-def _on_one_cpu():
-    """Every thread of the process on one CPU for the block (the old affinities restored after
-    it): the GC thread cannot run beside the measuring thread, only instead of it."""
-    caller = os.sched_getaffinity(0)
-    tasks = {}
-    for tid in _threads():
-        try:
-            tasks[tid] = os.sched_getaffinity(tid)
-        except ProcessLookupError:  # the thread ended between listing and asking
-            pass
-    cpu = min(caller)
-    try:
-        for tid in tasks:
-            _set_affinity(tid, {cpu})
-        yield
-    finally:  # threads started meanwhile get the caller's CPUs
-        for tid in _threads():
-            _set_affinity(tid, tasks.get(tid, caller))
-
-
-def _threads() -> List[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")]
-
-
-def _set_affinity(tid: int, cpus) -> None:
-    try:
-        os.sched_setaffinity(tid, cpus)
-    except ProcessLookupError:  # the thread ended meanwhile
-        pass
-
-
-def _sync(place) -> None:
-    if not isinstance(place, paddle.CPUPlace) and paddle.is_compiled_with_cuda():
-        paddle.device.cuda.synchronize()
-
-
-# --------------------------------------------------------------------------- plan helpers
-
-def plan_with_gc_of(prefix_len: int, full_order: Sequence[Tuple[str, int]], programs,
-                    num_micro_batches: int):
-    """``core.Plan`` of the first ``prefix_len`` jobs of ``full_order`` whose skip-gc sets are
-    those of the whole order: values a later job would read stay alive after the plan ends."""
-    full_order = list(full_order)
-    used = {t: programs[t] for t in dict.fromkeys(t for t, _ in full_order)}
-    required = required_vars_of(used)
-    later = [set() for _ in range(num_micro_batches)]
-    skip = [None] * len(full_order)
-    for i in reversed(range(len(full_order))):
-        t, mb = full_order[i]
-        skip[i] = required[t] & later[mb]
-        later[mb] |= required[t]
-    jobs = []
-    for i in range(prefix_len):
-        t, mb = full_order[i]
-        job = core.Job(t)
-        job.set_micro_batch_id(mb)
-        job.set_skip_gc_vars(skip[i])
-        jobs.append(job)
-    return core.Plan(jobs, {t: programs[t] for t in dict.fromkeys(t for t, _ in full_order[:prefix_len])})
-
-
-class _Exec:
-    """One plan on its own executor and scope, fed with one fixed batch."""
-
-    def __init__(self, plan, scope, feed, place):
-        self.plan, self.scope, self.feed, self.place = plan, scope, feed, place
-        self.exe = None
-
-    def set_feed(self):
-        for name, arr in self.feed.items():
-            core.set_feed_variable(self.scope, _as_tensor(arr, self.place), name, 0)
-
-    def run(self) -> float:
-        """Seconds of one executor run (feed set before the clock starts)."""
-        self.set_feed()
-        if self.exe is None:
-            self.exe = paddle.base.executor._StandaloneExecutor(self.place, self.plan, self.scope)
-        _sync(self.place)
-        t0 = time.perf_counter()
-        self.exe.run(list(self.feed))
-        _sync(self.place)
-        return time.perf_counter() - t0
-
-    def run_measured(self, stats: MemoryStats) -> Tuple[int, int]:
-        """(live bytes after, peak bytes during) one run, both relative to just before it,
-        with the executor's garbage collector caught up before and after."""
-        self.set_feed()
-        if self.exe is None:
-            self.exe = paddle.base.executor._StandaloneExecutor(self.place, self.plan, self.scope)
-        _sync(self.place)
-        before = stats.settled_current()
-        stats.reset_peak()
-        self.exe.run(list(self.feed))
-        _sync(self.place)
-        return stats.settled_current() - before, stats.peak() - before
 
 
 # --------------------------------------------------------------------------- Profile
@@ -437,7 +140,7 @@ class Profile:
             rows.append([str(s)] + [f"{self.times[k][s]:.4g}" for k in kinds])
         out = [_table(rows)]
         out.append(f"optimizer {self.times.get('optimizer', 0.0):.4g} ms (whole job)")
-        mkinds = [k for k in ("forward", "backward", "backward_b", "backward_w") if k in self.memory]
+        mkinds = [k for k in COMPUTE_KINDS if k in self.memory]
         rows = [["stage"] + [f"{k} live delta" for k in mkinds]]
         for s in range(self.num_stages):
             rows.append([str(s)] + [format_bytes(self.memory[k][s]) for k in mkinds])
@@ -537,22 +240,6 @@ def _grouped_order(types: Sequence[str], m: int) -> List[Tuple[str, int]]:
     return [(t, mb) for t in types for mb in range(m)]
 
 
-def _median_diff(base: _Exec, probe: _Exec, repeats: int) -> float:
-    """Median over ``repeats`` pairs of (probe run - base run) in seconds, after one warm-up
-    run each; the pairs alternate which plan runs first."""
-    base.run()
-    probe.run()
-    diffs = []
-    for i in range(repeats):
-        if i % 2:
-            tb = base.run()
-            diffs.append(probe.run() - tb)
-        else:
-            tp = probe.run()
-            diffs.append(tp - base.run())
-    return statistics.median(diffs)
-
-
 def profile_jobs(model, pp: int, vpp: int = 1, m: Optional[int] = None, *, repeats: int = 5,
                  inner: int = 4, place=None, measure_time: bool = True, log=None,
                  **model_options) -> Profile:
@@ -573,6 +260,40 @@ def profile_jobs(model, pp: int, vpp: int = 1, m: Optional[int] = None, *, repea
     repeats = check_positive_int("repeats", repeats)
     inner = check_positive_int("inner", inner)
     num_stages = pp * vpp
+    model, kind = _model_to_profile(model, num_stages, m, model_options)
+    run = _ProfileRun(model, m, place if place is not None else paddle.CPUPlace(), log)
+    times: Dict[str, object] = {k: [0.0] * num_stages for k in STAGE_KINDS}
+    memory: Dict[str, List[int]] = {k: [0] * num_stages
+                                    for k in COMPUTE_KINDS}
+    t_start = time.perf_counter()
+    for split_backward in (True, False):
+        split = split_programs(model, pp, vpp, m, split_backward)
+        types = _grouped_types(num_stages, split_backward)
+        for t, delta in zip(types, run.live_memory_deltas(split, types)):
+            kind_name, stage = parse_job_type(t)
+            if split_backward or kind_name == "backward":
+                memory[kind_name][stage] = delta
+        if not measure_time:
+            continue
+        for t, per_job in run.job_times(split, _probes(num_stages, split_backward), repeats, inner):
+            if t == "optimizer":
+                times["optimizer"] = per_job
+            else:
+                kind_name, stage = parse_job_type(t)
+                times[kind_name][stage] = per_job
+    meta = dict(model=kind, pp=pp, vpp=vpp, m=m, num_stages=num_stages,
+                batch_size=model.batch_size, micro_batch_size=model.batch_size // m,
+                repeats=repeats, inner=inner, place=str(run.place), time_unit="ms",
+                memory_unit="bytes", paddle=paddle.__version__, gc_priority=gc_priority(),
+                profile_seconds=round(time.perf_counter() - t_start, 2))
+    for key, value in model_options.items():
+        if isinstance(value, (int, float, str)):
+            meta.setdefault(key, value)
+    return Profile(times, memory, meta)
+
+
+def _model_to_profile(model, num_stages: int, m: int, model_options: dict):
+    """(BuiltModel, its name for the meta) of ``profile_jobs``' ``model`` argument, checked."""
     if isinstance(model, str):
         kind = model
         model = build_model(model, num_stages, m, **model_options)
@@ -585,103 +306,75 @@ def profile_jobs(model, pp: int, vpp: int = 1, m: Optional[int] = None, *, repea
         raise ValueError(f"model has {model.num_stages} stages, pp*vpp = {num_stages}")
     if model.batch_size % m:
         raise ValueError(f"batch size {model.batch_size} is not divisible by m={m}")
-    place = place if place is not None else paddle.CPUPlace()
-    stats = MemoryStats(place)
-    say = log or (lambda *_: None)
-    feed = model.make_batch(0)
+    return model, kind
 
-    times: Dict[str, object] = {k: [0.0] * num_stages for k in STAGE_KINDS}
-    memory: Dict[str, List[int]] = {k: [0] * num_stages
-                                    for k in ("forward", "backward", "backward_b", "backward_w")}
-    t_start = time.perf_counter()
-    for split_backward in (True, False):
-        split = split_programs(model, pp, vpp, m, split_backward)
-        programs = split.programs
-        types = _grouped_types(num_stages, split_backward)
+
+def _probes(num_stages: int, split_backward: bool) -> List[Tuple[str, List[str]]]:
+    """(probed job type, the job types that must run before it) for every type timed: a chain
+    of forwards then backwards (B's when split); split, also each W after its B, the optimizer
+    and the send / recv jobs (no prerequisites); unsplit, only the full backwards."""
+    chain = [f"forward{s}" for s in range(num_stages)]
+    chain += [f"backward{'_b' if split_backward else ''}{s}" for s in reversed(range(num_stages))]
+    probes = [(t, chain[:k]) for k, t in enumerate(chain)]
+    if not split_backward:
+        return [(t, pre) for t, pre in probes if t.startswith("backward")]
+    probes += [(f"backward_w{s}", chain[:chain.index(f"backward_b{s}") + 1])
+               for s in reversed(range(num_stages))]
+    probes.append(("optimizer", []))
+    probes += [(f"{c}{s}", []) for s in range(num_stages) for c in COMM_KINDS]
+    return probes
+
+
+class _ProfileRun:
+    """The measurements of one :func:`profile_jobs` call on one model, batch and place."""
+
+    def __init__(self, model, m: int, place, log):
+        self.model, self.m, self.place = model, m, place
+        self.stats = MemoryStats(place)
+        self.feed = model.make_batch(0)
+        self.say = log or (lambda *_: None)
+
+    def live_memory_deltas(self, split, types: Sequence[str]) -> List[int]:
+        """Per job type of ``types`` (in order), its live-memory growth per micro-batch: the
+        live bytes after each prefix of whole job types (fresh scope each, the skip-gc sets of
+        the full order), differenced."""
+        m = self.m
         full = _grouped_order(types, m) + [("optimizer", 0)]
-
-        def fresh(plan):
-            return _Exec(plan, init_scope(model, split, place), feed, place)
-
-        # live memory after each prefix of whole job types (fresh scope each)
         live = [0]
         with serial_executor():
             for k in range(1, len(types) + 1):
-                ex = fresh(plan_with_gc_of(k * m, full, programs, m))
-                after, _ = ex.run_measured(stats)
+                ex = TimedExecutor(plan_with_gc_of(k * m, full, split.programs, m),
+                                   init_scope(self.model, split, self.place), self.feed, self.place)
+                after, _ = ex.run_measured(self.stats)
                 live.append(after)
                 del ex
-        for k, t in enumerate(types):
-            kind_name, stage = _split_type(t)
-            if split_backward or kind_name == "backward":
-                memory[kind_name][stage] = int(round((live[k + 1] - live[k]) / m))
-        if not measure_time:
-            continue
-        # times: prerequisites vs prerequisites + inner * m jobs of the probed type
-        scope = init_scope(model, split, place)
-        chain = [f"forward{s}" for s in range(num_stages)]
-        chain += [f"backward{'_b' if split_backward else ''}{s}" for s in reversed(range(num_stages))]
-        probes = [(t, chain[:k]) for k, t in enumerate(chain)]
-        if split_backward:
-            probes += [(f"backward_w{s}", chain[:chain.index(f"backward_b{s}") + 1])
-                       for s in reversed(range(num_stages))]
-            probes.append(("optimizer", []))
-            probes += [(f"{c}{s}", []) for s in range(num_stages) for c in COMM_KINDS]
-        else:
-            probes = [(t, pre) for t, pre in probes if t.startswith("backward")]
-        bases: Dict[int, _Exec] = {}
+        return [int(round((live[k + 1] - live[k]) / m)) for k in range(len(types))]
+
+    def job_times(self, split, probes, repeats: int, inner: int):
+        """(job type, ms per job) of each probe: its prerequisites' plan timed against the
+        prerequisites plus ``K * m`` jobs of the probed type (one scope for all)."""
+        m, programs = self.m, split.programs
+        scope = init_scope(self.model, split, self.place)
+        bases: Dict[int, TimedExecutor] = {}
         for t, pre in probes:
             base_order = _grouped_order(pre, m) or [("recv_forward0", 0)]
             if len(pre) not in bases:
-                bases[len(pre)] = _Exec(make_plan(base_order, programs, m), scope, feed, place)
+                bases[len(pre)] = TimedExecutor(make_plan(base_order, programs, m), scope,
+                                                self.feed, self.place)
             # at least as many probed jobs as prerequisite jobs, so the signal is not drowned
             # by the prerequisites' run-to-run noise
             times_over = max(inner, -(-len(base_order) // m))
             reps = ([(t, 0)] * (times_over * m) if t == "optimizer"
                     else _grouped_order([t], m) * times_over)
-            probe = _Exec(make_plan(base_order + reps, programs, m), scope, feed, place)
-            per_job = _median_diff(bases[len(pre)], probe, repeats) / len(reps) * 1e3
-            if t == "optimizer":
-                times["optimizer"] = per_job
-            else:
-                kind_name, stage = _split_type(t)
-                times[kind_name][stage] = per_job
-            say(f"  {t}: {per_job:.4g} ms")
+            probe = TimedExecutor(make_plan(base_order + reps, programs, m), scope, self.feed,
+                                  self.place)
+            per_job = median_time_difference(bases[len(pre)], probe, repeats) / len(reps) * 1e3
+            self.say(f"  {t}: {per_job:.4g} ms")
+            yield t, per_job
         bases.clear()
-    meta = dict(model=kind, pp=pp, vpp=vpp, m=m, num_stages=num_stages,
-                batch_size=model.batch_size, micro_batch_size=model.batch_size // m,
-                repeats=repeats, inner=inner, place=str(place), time_unit="ms",
-                memory_unit="bytes", paddle=paddle.__version__, gc_priority=gc_priority(),
-                profile_seconds=round(time.perf_counter() - t_start, 2))
-    for key, value in model_options.items():
-        if isinstance(value, (int, float, str)):
-            meta.setdefault(key, value)
-    return Profile(times, memory, meta)
-
-
-def _split_type(job_type: str) -> Tuple[str, int]:
-    for kind in sorted(STAGE_KINDS, key=len, reverse=True):
-        if job_type.startswith(kind) and job_type[len(kind):].isdigit():
-            return kind, int(job_type[len(kind):])
-    raise ValueError(f"not a per-stage job type: {job_type!r}")
 
 
 # --------------------------------------------------------------------------- calibration
-
-def serial_memory(job_order: Sequence[Tuple[str, int]], delta) -> Tuple[float, List[float]]:
-    """(peak, curve) of live memory when ``job_order`` runs one job after the other (as the
-    one-process emulation does); ``delta(kind, stage)`` is a job's live-memory change."""
-    level, curve = 0.0, []
-    for job_type, _ in job_order:
-        if job_type == "optimizer":
-            continue
-        kind, stage = _split_type(job_type)
-        if kind in COMM_KINDS:
-            continue
-        level += delta(kind, stage)
-        curve.append(level)
-    return max(curve, default=0.0), curve
-
 
 def summed_sim_memory(sim) -> float:
     """Peak over time of the simulator's memory summed over ranks (frees before allocations
@@ -701,21 +394,6 @@ def _deltas(curve):
     for t, level in curve:
         yield t, level - prev
         prev = level
-
-
-def rank_peaks(sim, delta) -> List[float]:
-    """Per-rank peak live memory of the simulated schedule with job deltas ``delta(kind, stage)``
-    (each rank's own compute jobs in its order, frees as they come): what each device of a real
-    multi-rank run would hold."""
-    peaks = []
-    for row in sim.timeline:
-        level = peak = 0.0
-        for t in row:
-            if t.job.is_compute:
-                level += delta(t.job.kind, t.stage)
-                peak = max(peak, level)
-        peaks.append(peak)
-    return peaks
 
 
 def measured_delta(profile: Profile):
@@ -760,11 +438,11 @@ def measure_schedule(model, schedule: str, pp: int, vpp: int, m: int, profile: P
     sim = pipeline.simulate(costs)
     feed = model.make_batch(0)
     with serial_executor():
-        ex = _Exec(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
+        ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
         ex.run()  # warm-up: executor built, caches filled
         peak = min(run_behind_gc(lambda: ex.run_measured(stats))[1] for _ in range(PEAK_RUNS))
         del ex
-    ex = _Exec(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
+    ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
     ex.run()
     step = statistics.median(ex.run() for _ in range(repeats)) * 1e3
     order = pipeline.job_order
@@ -792,12 +470,11 @@ def measure_schedule(model, schedule: str, pp: int, vpp: int, m: int, profile: P
 def calibrate(model, pp: int, vpp: int, m: int, profile: Profile,
               schedules: Optional[Sequence[str]] = None, *, repeats: int = 3, place=None,
               log=None) -> Tuple[List[dict], List[Tuple[str, str]]]:
-    """:func:`measure_schedule` for each of ``schedules`` (default: every registered one);
+    """:func:`measure_schedule` for each of ``schedules`` (default: every registered one;
+    ``pipesplit.tools.cli.load_schedules`` registers those of every job_list module);
     returns (records, [(name, reason)] for schedules that cannot serve pp / vpp / m)."""
     from pipesplit.job_list import schedule_names
-    from pipesplit.tools.cli import load_schedules
 
-    load_schedules()
     records, refused = [], []
     for name in schedules or schedule_names():
         try:

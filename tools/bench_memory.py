@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 from pipesplit.tools._console import (Progress, add_quiet_option, prepare_output, quiet_paddle,
                                       quiet_pipe_main, run_reporting_errors)
+from pipesplit.tools.cli import load_schedules
 from pipesplit.tools.profile import add_config_options, add_model_options, check_args, model_options
 
 DEFAULTS = dict(model="mlp", hidden=256, layers_per_stage=4, micro_batch_size=512)
@@ -60,6 +61,8 @@ def _bench(args) -> int:
           f"micro-batch={args.micro_batch_size}: pp={args.pp} vpp={args.vpp} m={args.m}")
     print(profile.table())
     names = [n.strip() for n in args.schedules.split(",")] if args.schedules else None
+    if names is None:  # every schedule: those of every job_list module
+        load_schedules()
     running = Progress("bench_memory: one step per schedule", quiet=args.quiet)
     records, refused = calibrate(model, args.pp, args.vpp, args.m, profile, names,
                                  repeats=args.repeats, log=running.log)
