@@ -255,6 +255,17 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
         if rank not in ranks:
             drop.append(op)
 
+    _erase_with_unused_producers(drop, orphans, collectives)
+    for name in list(blk.kwargs()):
+        if rank not in owners.get(name, everyone) and blk.kwargs()[name].use_empty():
+            blk.erase_kwarg(name)
+    return reductions
+
+
+def _erase_with_unused_producers(drop, orphans, keep: Set[int]) -> None:
+    """Erase the ops ``drop`` (in reverse program order), then every producer left without
+    users by that or among ``orphans`` ((op id, op) pairs), transitively: parameters,
+    constants, casts ...  Ops whose id is in ``keep`` (the collectives) stay."""
     def producers(op):
         return [(d.id(), d) for d in (v.get_defining_op() for v in op.operands_source()
                                       if v is not None and v.initialized()) if d is not None]
@@ -264,18 +275,14 @@ def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
     for op in reversed(drop):
         candidates += producers(op)
         op.erase()
-    while candidates:  # producers left without users (parameters, constants, casts ...)
+    while candidates:
         oid, op = candidates.pop()
-        if oid in erased or oid in collectives or not op.num_results() \
+        if oid in erased or oid in keep or not op.num_results() \
                 or not all(r.use_empty() for r in op.results()):
             continue
         candidates += producers(op)
         erased.add(oid)
         op.erase()
-    for name in list(blk.kwargs()):
-        if rank not in owners.get(name, everyone) and blk.kwargs()[name].use_empty():
-            blk.erase_kwarg(name)
-    return reductions
 
 
 def _cross_rank_sum(combine_op):
@@ -341,41 +348,71 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
         schedule = schedule.forward_only()
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)  # a bad order is rejected before anything starts
-    placement = schedule.placement
-
     split, report = split_sub_programs(main_program, config, schedule=schedule)
 
-    stages = {c: placement.stage(rank, c) for c in range(config.vpp_degree)}
-    stage_to_chunk = {s: c for c, s in stages.items()}
-    # a stage's backward is one job or B / W as its schedule runs it (split_chunks_of)
-    compute_kinds = (["forward"] if schedule.is_forward_only
-                     else ["forward", "backward", "backward_b", "backward_w"])
+    stages = {c: schedule.placement.stage(rank, c) for c in range(config.vpp_degree)}
+    owners, params = _ownership(split, schedule.placement)
+    programs = _local_compute_programs(split, stages, schedule.is_forward_only)
+    transfers = cross_rank_transfers(split, schedule)
+    ring_ids = p2p_ring_ids(schedule) if backend == "nccl" else {}
+    comm = _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_ids,
+                              progress)
+    programs[OPTIMIZER], num_all_reduces, reduce_ring_id = _rank_optimizer(
+        split.programs[OPTIMIZER], owners, rank, config.pp_degree, backend)
 
-    # ownership of persistable names by rank (from the compute programs that use them)
+    job_order, comm_sequence = _rank_job_order(lowered, schedule, rank, comm)
+    bystanders: Dict[str, Tuple[int, int]] = {}
+    if backend == "gloo":
+        job_order, comm_sequence, bystanders = world_ring_order(
+            schedule, config, rank, transfers, job_order, comm_sequence, programs, progress)
+    if not schedule.is_forward_only:
+        job_order.append((OPTIMIZER, 0))
+
+    rank_split = _rank_split(split, programs, stages, config.vpp_degree)
+    used = dict.fromkeys(t for t, _ in job_order)
+    plan = make_plan(job_order, {t: programs[t] for t in used}, config.num_micro_batches)
+    local = {n for n, r in owners.items() if rank in r}
+    info = RankInfo(rank=rank, pp=config.pp_degree, backend=backend, stages=stages,
+                    param_names=sorted(p for p in params if p in local),
+                    comm=comm, ring_ids=ring_ids,
+                    fetch_names=[n for _, n in rank_split.fetches],
+                    feed_names=sorted(set().union(*(_data_in(programs[t]) for t in used))),
+                    comm_sequence=comm_sequence, bystanders=bystanders,
+                    reduce_ring_id=reduce_ring_id, num_all_reduces=num_all_reduces)
+    return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
+                        rank_info=info)
+
+
+def _ownership(split: SplitProgram, placement) -> Tuple[Dict[str, Set[int]], Set[str]]:
+    """(persistable name -> the ranks whose compute programs use it, every parameter a compute
+    program uses).  A parameter used by stages on several ranks (tied weights) lives on each of
+    them: its gradient contributions are all-reduced in the optimizer (filter_optimizer)."""
     owners: Dict[str, Set[int]] = {}
+    params: Set[str] = set()
     for t, prog in split.programs.items():
-        kind, s = parse_job_type(t)
+        kind, stage = parse_job_type(t)
         if kind not in COMPUTE_KINDS:
             continue
         for n in _names_in(prog):
-            owners.setdefault(n, set()).add(placement.rank_of(s))
-    params = set()
-    for t, prog in split.programs.items():
-        kind, s = parse_job_type(t)
-        if kind in COMPUTE_KINDS:
-            params |= _params_in(prog)
-    # a parameter used by stages on several ranks (tied weights) lives on each of them: its
-    # gradient contributions are all-reduced in the optimizer programs (filter_optimizer)
-    local = {n for n, r in owners.items() if rank in r}
+            owners.setdefault(n, set()).add(placement.rank_of(stage))
+        params |= _params_in(prog)
+    return owners, params
 
-    programs: Dict[str, object] = {}
-    for c, s in stages.items():
-        for kind in compute_kinds:
-            if f"{kind}{s}" in split.programs:
-                programs[f"{kind}{c}"] = split.programs[f"{kind}{s}"]
 
-    transfers = cross_rank_transfers(split, schedule)
-    ring_ids = p2p_ring_ids(schedule) if backend == "nccl" else {}
+def _local_compute_programs(split: SplitProgram, stages: Dict[int, int], forward_only: bool
+                            ) -> Dict[str, object]:
+    """The rank's compute programs under local job types (``backward1`` for its chunk 1); a
+    stage's backward is one job or B / W as its schedule runs it (split_chunks_of)."""
+    kinds = ["forward"] if forward_only else list(COMPUTE_KINDS)
+    return {f"{kind}{c}": split.programs[f"{kind}{s}"]
+            for c, s in stages.items() for kind in kinds if f"{kind}{s}" in split.programs}
+
+
+def _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_ids, progress
+                       ) -> Dict[str, CommJobInfo]:
+    """A send / recv program for every comm kind of every local chunk, into ``programs``;
+    returns what each one exchanges with whom."""
+    stage_to_chunk = {s: c for c, s in stages.items()}
     comm: Dict[str, CommJobInfo] = {}
     for c, s in stages.items():
         for kind in COMM_KINDS:
@@ -390,23 +427,31 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
             comm[t] = CommJobInfo(t, peer, sel)
             if backend == "nccl":
                 _add_events(split, stage_to_chunk, kind, s, sel, comm_ops, programs)
+    return comm
 
-    opt = split.programs[OPTIMIZER]
+
+def _rank_optimizer(opt, owners, rank: int, pp: int, backend: str):
+    """(the optimizer program cut to this rank's parameters, its number of all-reduces, the
+    NCCL ring of every pipeline rank they use or None)."""
     reduce_ring = []  # NCCL: one ring of every pipeline rank, made on first use
 
     def all_reduce(value):
         if backend == "nccl" and not reduce_ring:
             from paddle.distributed.auto_parallel.static.process_group import new_process_group
 
-            reduce_ring.append(new_process_group(list(range(config.pp_degree))).id)
+            reduce_ring.append(new_process_group(list(range(pp))).id)
         return all_reduce_sum(value, backend, reduce_ring[0] if reduce_ring else None)
 
     with paddle.static.program_guard(opt):
-        num_all_reduces = filter_optimizer(opt, owners, rank, config.pp_degree, all_reduce)
-    programs[OPTIMIZER] = opt
+        num_all_reduces = filter_optimizer(opt, owners, rank, pp, all_reduce)
+    return opt, num_all_reduces, (reduce_ring[0] if reduce_ring else None)
 
-    job_order = []
-    comm_sequence = []
+
+def _rank_job_order(lowered: Schedule, schedule: Schedule, rank: int,
+                    comm: Dict[str, CommJobInfo]):
+    """(job order without the optimizer, comm sequence) of the rank's lowered list; every comm
+    job's peer in the lowering must be its program's."""
+    job_order, comm_sequence = [], []
     for job in lowered.ranks[rank]:
         if job.kind == OPTIMIZER:
             continue
@@ -417,36 +462,30 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
             if info.transfers and info.peer != comm_sequence[-1][2]:
                 raise AssertionError(f"{job.type}: lowering peer {comm_sequence[-1][2]} != "
                                      f"program peer {info.peer}")
-    bystanders: Dict[str, Tuple[int, int]] = {}
-    if backend == "gloo":
-        job_order, comm_sequence, bystanders = world_ring_order(
-            schedule, config, rank, transfers, job_order, comm_sequence, programs, progress)
-    if not schedule.is_forward_only:
-        job_order.append((OPTIMIZER, 0))
+    return job_order, comm_sequence
 
-    fetches = [(f"{parse_job_type(t)[0]}{stage_to_chunk[parse_job_type(t)[1]]}", n)
-               for t, n in split.fetches
-               if parse_job_type(t)[1] is not None and parse_job_type(t)[1] in stage_to_chunk]
-    used = dict.fromkeys(t for t, _ in job_order)
+
+def _rank_split(split: SplitProgram, programs, stages: Dict[int, int], num_chunks: int
+                ) -> SplitProgram:
+    """The rank's view of the split: its programs, the handoffs that touch its stages, its
+    fetches under local job types."""
+    stage_to_chunk = {s: c for c, s in stages.items()}
+
+    def local(job_type: str) -> bool:
+        return parse_job_type(job_type)[1] in stage_to_chunk
+
+    fetches = []
+    for t, n in split.fetches:
+        kind, stage = parse_job_type(t)
+        if stage is not None and stage in stage_to_chunk:
+            fetches.append((f"{kind}{stage_to_chunk[stage]}", n))
     rank_split = SplitProgram(
-        programs={t: programs[t] for t in programs},
-        num_chunks=config.vpp_degree, split_backward=split.split_backward,
+        programs=dict(programs), num_chunks=num_chunks, split_backward=split.split_backward,
         handoffs={n: h for n, h in split.handoffs.items()
-                  if parse_job_type(h.producer)[1] in stage_to_chunk
-                  or any(parse_job_type(c)[1] in stage_to_chunk for c in h.consumers)},
+                  if local(h.producer) or any(local(c) for c in h.consumers)},
         fetches=fetches)
     rank_split.accumulation = split.accumulation
-    plan = make_plan(job_order, {t: programs[t] for t in used}, config.num_micro_batches)
-    feed_names = sorted(set().union(*(_data_in(programs[t]) for t in used)))
-    info = RankInfo(rank=rank, pp=config.pp_degree, backend=backend, stages=stages,
-                    param_names=sorted(p for p in params if p in local),
-                    comm=comm, ring_ids=ring_ids, fetch_names=[n for _, n in fetches],
-                    feed_names=feed_names, comm_sequence=comm_sequence,
-                    bystanders=bystanders,
-                    reduce_ring_id=reduce_ring[0] if reduce_ring else None,
-                    num_all_reduces=num_all_reduces)
-    return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
-                        rank_info=info)
+    return rank_split
 
 
 def world_ring_order(schedule, config, rank, transfers, own_order, own_comm, programs,

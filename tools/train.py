@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     # the script's folder would shadow modules (tools/profile.py the standard library's
@@ -145,11 +145,11 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
     import numpy as np
 
     import paddle
-    from pipesplit.ir_utils import PlanRunner, init_scope, read_params, run_unsplit_baseline
+    from pipesplit.ir_utils import init_scope, read_params, run_unsplit_baseline
     from pipesplit.ir_utils.p2p import PROGRESS_VAR
     from pipesplit.passes.config import PipelineConfig
     from pipesplit.passes.per_rank import build_rank_plan
-    from pipesplit.tools.demo import build_model, schedule_restored
+    from pipesplit.tools.demo import build_model
 
     paddle.enable_static()
     model = build_model(args)
@@ -158,22 +158,62 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
     config = PipelineConfig.from_attrs(args.schedule, attrs)
     pipeline = build_rank_plan(model.main, model.startup, config, device=args.device)
     info = pipeline.rank_info
-    place = (paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id)
-             if info.backend == "nccl" else paddle.CPUPlace())
-    if info.backend == "nccl":  # NCCL comm contexts of the p2p rings, same order on every rank
-        from paddle.distributed.auto_parallel.static.process_group import get_process_group
-
-        rings = set(info.ring_ids.values())
-        if info.reduce_ring_id is not None:  # clipping / tied-weight all-reduces
-            rings.add(info.reduce_ring_id)
-        for ring_id in sorted(rings):
-            get_process_group(ring_id).instantiate()
+    place = _rank_place(info)
     scope = init_scope(model, pipeline.split, place)
     scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
     print(f"rank {rank}/{world}: {pipeline.schedule.name} vpp={args.vpp} m={args.m} stages "
           f"{sorted(info.stages.values())}, {len(info.param_names)} parameters, "
           f"{len(info.comm_sequence)} comm jobs per step ({info.backend})", file=log, flush=True)
+    losses = _train_steps(args, rank, model, pipeline, scope, place, log)
 
+    params = read_params(scope, info.param_names)
+    # every run checks itself against the unsplit baseline (cheap for the demo's models)
+    baseline = run_unsplit_baseline(model, args.steps, args.m) if rank == world - 1 else None
+    payload = {"rank": rank, "losses": losses if info.fetch_names else None,
+               "params": {n: np.asarray(v).tolist() for n, v in params.items()}}
+    gathered = _exchange(rank, world, tag, payload, gather_to=world - 1)
+    record, summary = None, []
+    if gathered is not None:
+        record = _record(gathered, baseline, world, pipeline.schedule.name)
+        summary = _summary(record, args.steps)
+        print("\n".join(summary), file=log, flush=True)
+    # keep the store (hosted by rank 0) alive until the last rank has read it; the last rank's
+    # summary travels with it, since the launcher shows only rank 0's output on the console
+    done = _exchange(rank, world, tag + "/done", {"summary": summary},
+                     gather_to=0)
+    for payload in done or []:
+        if payload.get("summary") and rank != world - 1:
+            print(f"rank {world - 1} (results):\n" + "\n".join(payload["summary"]), flush=True)
+    return record
+
+
+def _rank_place(info):
+    """The rank's place; on NCCL the comm contexts of its rings, made in the same order on
+    every rank."""
+    import paddle
+
+    if info.backend != "nccl":
+        return paddle.CPUPlace()
+    from paddle.distributed.auto_parallel.static.process_group import get_process_group
+
+    rings = set(info.ring_ids.values())
+    if info.reduce_ring_id is not None:  # clipping / tied-weight all-reduces
+        rings.add(info.reduce_ring_id)
+    for ring_id in sorted(rings):
+        get_process_group(ring_id).instantiate()
+    return paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id)
+
+
+def _train_steps(args, rank, model, pipeline, scope, place, log) -> list:
+    """``args.steps`` steps through the rank's plan under the watchdog (and ``--fail-at``);
+    the per-micro-batch losses of each step where this rank fetches them."""
+    import numpy as np
+
+    from pipesplit.ir_utils import PlanRunner
+    from pipesplit.ir_utils.p2p import PROGRESS_VAR
+    from pipesplit.tools.demo import schedule_restored
+
+    info = pipeline.rank_info
     fail_rank, fail_step, fail_mode = None, None, "exit"
     if args.fail_at:
         parts = args.fail_at.split(":")
@@ -205,44 +245,34 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
                     losses.append([float(x) for x in out])
         finally:
             watchdog.stop()
+    return losses
 
-    params = read_params(scope, info.param_names)
-    # every run checks itself against the unsplit baseline (cheap for the demo's models)
-    baseline_losses = baseline_params = None
-    if rank == world - 1:
-        baseline_losses, baseline_params = run_unsplit_baseline(model, args.steps, args.m)
-    payload = {"rank": rank, "losses": losses if info.fetch_names else None,
-               "params": {n: np.asarray(v).tolist() for n, v in params.items()}}
-    gathered = _exchange(rank, world, tag, payload, gather_to=world - 1)
-    record, summary = None, []
-    if gathered is not None:
-        holder = next(g for g in gathered if g["losses"] is not None)
-        all_params = {n: np.asarray(v, np.float32) for g in gathered
-                      for n, v in g["params"].items()}
-        max_diff = max(float(np.max(np.abs(v - baseline_params[n])))
-                       for n, v in all_params.items())
-        record = {"losses": holder["losses"],
-                  "baseline_losses": [[float(x) for x in row] for row in baseline_losses],
-                  "max_param_diff": max_diff,
-                  "loss_rank": holder["rank"], "world_size": world,
-                  "schedule": pipeline.schedule.name, "params": all_params}
-        summary = [f"{'step':>4}  {'loss (pipeline)':>16}  {'loss (unsplit)':>15}  "
-                   f"{'max |diff| per mb':>17}"]
-        for step, (ours, ref) in enumerate(zip(record["losses"], record["baseline_losses"])):
-            diff = max(abs(a - b) for a, b in zip(ours, ref))
-            summary.append(f"{step:>4}  {np.mean(ours):>16.7f}  {np.mean(ref):>15.7f}  "
-                           f"{diff:>17.2e}")
-        summary.append(f"max parameter difference after {args.steps} steps (all ranks): "
-                       f"{max_diff:.2e}")
-        print("\n".join(summary), file=log, flush=True)
-    # keep the store (hosted by rank 0) alive until the last rank has read it; the last rank's
-    # summary travels with it, since the launcher shows only rank 0's output on the console
-    done = _exchange(rank, world, tag + "/done", {"summary": summary},
-                     gather_to=0)
-    for payload in done or []:
-        if payload.get("summary") and rank != world - 1:
-            print(f"rank {world - 1} (results):\n" + "\n".join(payload["summary"]), flush=True)
-    return record
+
+def _record(gathered, baseline, world: int, schedule_name: str) -> dict:
+    """The demo's record from every rank's payload and the unsplit baseline."""
+    import numpy as np
+
+    baseline_losses, baseline_params = baseline
+    holder = next(g for g in gathered if g["losses"] is not None)
+    all_params = {n: np.asarray(v, np.float32) for g in gathered for n, v in g["params"].items()}
+    max_diff = max(float(np.max(np.abs(v - baseline_params[n]))) for n, v in all_params.items())
+    return {"losses": holder["losses"],
+            "baseline_losses": [[float(x) for x in row] for row in baseline_losses],
+            "max_param_diff": max_diff, "loss_rank": holder["rank"], "world_size": world,
+            "schedule": schedule_name, "params": all_params}
+
+
+def _summary(record: dict, steps: int) -> List[str]:
+    import numpy as np
+
+    lines = [f"{'step':>4}  {'loss (pipeline)':>16}  {'loss (unsplit)':>15}  "
+             f"{'max |diff| per mb':>17}"]
+    for step, (ours, ref) in enumerate(zip(record["losses"], record["baseline_losses"])):
+        diff = max(abs(a - b) for a, b in zip(ours, ref))
+        lines.append(f"{step:>4}  {np.mean(ours):>16.7f}  {np.mean(ref):>15.7f}  {diff:>17.2e}")
+    lines.append(f"max parameter difference after {steps} steps (all ranks): "
+                 f"{record['max_param_diff']:.2e}")
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
