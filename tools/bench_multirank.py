@@ -1,13 +1,15 @@
 """Real wall time of two pipeline ranks (two processes, one core each) against the simulator.
 
-    python tools/bench_multirank.py [--json PATH] [--hidden 512] [--seq-len 32]
-        [--micro-batch-size 2] [--layers 4] [-m 8] [--steps 7] [--warmup 2]
+    python tools/bench_multirank.py [--json PATH] [--hidden 256] [--seq-len 64]
+        [--micro-batch-size 4] [--layers 4] [-m 8] [--steps 7] [--warmup 2]
 
 The parent launches ``python -m paddle.distributed.launch --nproc_per_node 2`` on this file
 once (``--worker``; starting Paddle costs seconds, so one launch runs every schedule), each
-rank with one compute thread (``OMP_NUM_THREADS=1`` ..., the executor run serially) and pinned
-to its own CPU, so the two cores run the two ranks in parallel.  The model is a compute-bound
-GPT (``build_gpt``, hidden 512, Adam) of ``--layers`` transformer blocks: 2 stages of
+rank with one compute thread (``OMP_NUM_THREADS=1`` ..., the executor run serially), so the two
+cores run the two ranks in parallel.  (The ranks are not pinned to cores: on a machine others
+load too, a pinned rank cannot leave a busy core.)  The model is a compute-bound
+GPT (``build_gpt``, hidden 256, seq 64, micro-batch 4, Adam: a job is ~10-25 ms of kernels,
+far above the executor's per-op cost) of ``--layers`` transformer blocks: 2 stages of
 layers/2 blocks for the vpp=1 schedules (FThenB, 1F1B, ZBH1, ZBH2, ``auto``), 4 stages of
 layers/4 for the vpp=2 ones (VPP, ZBV, DualPipeV); the same network either way, so every
 schedule does the same work and the step times compare directly.
@@ -76,9 +78,9 @@ def make_parser():
                                 description=__doc__.splitlines()[0])
     p.add_argument("--json", metavar="PATH", help="write the rows (schedule, measured_ms, "
                    "simulated_ms, ...) and the fit here")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--layers", type=int, default=4,
                    help="transformer blocks in all (a multiple of 4: 2 or 4 stages)")
     p.add_argument("-m", type=int, default=8, help="micro-batches per step")
@@ -287,9 +289,6 @@ def worker(args) -> int:
         return 2
     dist.init_parallel_env()
     rank = dist.get_rank()
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) >= PP:  # one core per rank: the two ranks run side by side, never swap cores
-        os.sched_setaffinity(0, {cpus[rank]})
     ranks = Ranks(rank, world, _get_global_group())
 
     def log(text):
@@ -404,7 +403,7 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
                      "measured_ms": statistics.median(r["step_ms"]), "step_ms": r["step_ms"],
                      "noise_ms": noise_ms(r["step_ms"]),
                      "optimizer_ms": [optimizer_ms * s for s in share],
-                     "loss_diff": diff, "_schedule": r["schedule_obj"]})
+                     "loss_diff": diff, "losses": r["losses"], "_schedule": r["schedule_obj"]})
 
     def simulate_all(c):
         return [simulated_step(row["_schedule"], costs_by_vpp[row["vpp"]], row["optimizer_ms"], c)
@@ -440,7 +439,9 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
             "pp": PP, "m": args.m, "steps": args.steps, "warmup": args.warmup,
             "comm_ms": comm_ms, "optimizer_ms": optimizer_ms, "overhead_ms": c,
             "costs": {str(v): costs.to_dict() for v, costs in costs_by_vpp.items()},
-            "rank_profiles": rank_times, "rows": rows, "goals": goals}
+            "rank_profiles": rank_times,
+            "baseline_losses": {str(stages): losses for stages, losses in references.items()},
+            "rows": rows, "goals": goals}
 
 
 # =========================================================================== parent
