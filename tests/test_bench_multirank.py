@@ -30,7 +30,7 @@ def report(tmp_path_factory):
     proc = subprocess.run([sys.executable, TOOL, "--json", str(out)] + ARGS,
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, GLOG_minloglevel="2"))
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     assert "fitted per-job overhead" in proc.stdout and "goal auto" in proc.stdout
     with open(out) as f:
         return json.load(f)
