@@ -190,7 +190,9 @@ def profile_costs(args, ranks: Ranks, comm_ms: float, log):
                  [statistics.mean(p["times"][k][s] for p in both)
                   for s in range(len(own.times[k]))])
              for k in own.times}
-    profile = Profile(times, own.memory, dict(own.meta, averaged_over_ranks=PP))
+    # rank 0's memory figures on every rank: both must build the same schedules (auto's search
+    # reads w_memory), however the two measurements came out
+    profile = Profile(times, both[0]["memory"], dict(own.meta, averaged_over_ranks=PP))
     costs4 = dataclasses.replace(profile.costs, comm=round(comm_ms, 6))
     costs2 = grouped_costs(costs4, 2)
     return costs4, costs2, float(times["optimizer"]), [p["times"] for p in both]
