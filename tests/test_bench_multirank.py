@@ -30,7 +30,8 @@ def report(tmp_path_factory):
     proc = subprocess.run([sys.executable, TOOL, "--json", str(out)] + ARGS,
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, GLOG_minloglevel="2"))
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, \
+        f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     assert "fitted per-job overhead" in proc.stdout and "goal auto" in proc.stdout
     with open(out) as f:
         return json.load(f)
@@ -86,13 +87,16 @@ def test_simulated_times_are_the_simulators(report):
     for r in report["rows"]:
         costs = Costs.from_dict(report["costs"][str(r["vpp"])])
         name = "auto" if r["schedule"].startswith("auto") else r["schedule"]
-        config = PipelineConfig.from_attrs(name, dict(num_micro_batches=report["m"], pp_degree=2,
-                                                      vpp_degree=r["vpp"], costs=costs))
+        config = PipelineConfig.from_attrs(name, dict(num_micro_batches=report["m"],
+                                                      pp_degree=2, vpp_degree=r["vpp"],
+                                                      costs=costs))
         schedule = make_schedule(config)
         schedules.append((schedule, costs, r))
-        assert simulated_step(schedule, costs, r["optimizer_ms"]) == pytest.approx(r["simulated_ms"])
+        assert simulated_step(schedule, costs, r["optimizer_ms"]) == \
+            pytest.approx(r["simulated_ms"])
         c = report["overhead_ms"]
-        assert simulated_step(schedule, costs, r["optimizer_ms"], c) == pytest.approx(r["fitted_ms"])
+        assert simulated_step(schedule, costs, r["optimizer_ms"], c) == \
+            pytest.approx(r["fitted_ms"])
 
     def loss(c):
         return sum((r["measured_ms"] - simulated_step(s, costs, r["optimizer_ms"], c)) ** 2
