@@ -55,15 +55,22 @@ def shape_only_handoffs(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, 
     last decide (a name read for its shape by one op and for its data by another, in the same
     or another program, can come out "no need buffer"): that freed live values of
     ``paddle.nn.TransformerEncoderLayer`` programs with a split backward."""
+    written = {t: written_names(prog) for t, prog in programs.items()}
+    handed_over = set().union(*written.values())
     shape_read, data_read = set(), set()
     for prog in programs.values():
         for name, value in _inputs(prog):
+            if name not in handed_over or name in data_read:
+                continue  # only handed-over names can be freed; one data read settles a name
             for op in value.all_used_ops():
                 slots = sum(1 for v in op.operands_source() if v.is_same(value))
-                reads_shape_only = slots == 1 and op.is_no_need_buffer(value)
-                (shape_read if reads_shape_only else data_read).add(name)
+                if slots == 1 and op.is_no_need_buffer(value):
+                    shape_read.add(name)
+                else:
+                    data_read.add(name)
+                    break
     shape_only = shape_read - data_read
-    return {t: written_names(prog) & shape_only for t, prog in programs.items()}
+    return {t: written[t] & shape_only for t in programs}
 
 
 def _inputs(program):
