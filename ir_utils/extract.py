@@ -15,8 +15,8 @@ import paddle
 
 from .accumulate import BACKWARD_W_ATTR, AccumulationInfo, add_gradient_accumulation
 from .checks import check_stage_flow
-from .complete import BACKWARD, FORWARD, OPTIMIZE, SINK_OPS, check_program, complete_program, \
-    is_source_op
+from .complete import BACKWARD, FORWARD, OPTIMIZE, SINK_OPS, SOURCE_OPS, check_program, \
+    complete_program
 
 COMM_KINDS = ("send_forward", "recv_forward", "send_backward", "recv_backward")
 HANDOFF_PREFIX = "pipesplit_handoff_"
@@ -139,7 +139,10 @@ def split_program(program, num_chunks: int, split_backward=False,
 
 def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
     block = work.global_block()
-    ops = list(block.ops)
+    ops = list(block.ops)  # keeps the op wrappers alive: they key the dicts below
+    names = [op.name() for op in ops]
+    source_ops = {op for op, name in zip(ops, names)
+                  if name in SOURCE_OPS and op.num_operands() == 0}  # as is_source_op
     types = job_types_for(num_chunks, split_backward)
     split_set = split_chunks(num_chunks, split_backward)
     programs = {t: paddle.pir.Program() for t in types}
@@ -151,9 +154,9 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
 
     # shadow_output names already present in the program, per value id
     shadow_name: Dict[int, str] = {}
-    for op in ops:
-        if op.name() == "builtin.shadow_output":
-            shadow_name.setdefault(op.operand_source(0).id, op.attrs()["output_name"])
+    for op, op_name in zip(ops, names):
+        if op_name == "builtin.shadow_output":
+            shadow_name.setdefault(op.operand_source(0).id, op.str_attr("output_name"))
 
     producer_job: Dict[int, str] = {}   # value id -> job type of its producer
     producer_op: Dict[int, Tuple[object, int, int]] = {}  # value id -> (op, op index, result)
@@ -182,20 +185,21 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
                     persist_names.add(name)
                 m.add(v, kw)
             return
-        if is_source_op(d):
+        if d in source_ops:
             paddle.pir.set_insertion_point_to_block_end(blk)
             d.clone(m, opts)
             if d.name() == "pd_op.data" and not v.persistable:
                 required[t].add(v.name)
             return
-        src = producer_job[v.id]
-        h = handoffs.get(v.id)
+        vid = v.id
+        src = producer_job[vid]
+        h = handoffs.get(vid)
         if h is None:
-            name = shadow_name.get(v.id)
+            name = shadow_name.get(vid)
             if name is None:
-                _, oi, ri = producer_op[v.id]
+                _, oi, ri = producer_op[vid]
                 name = f"{HANDOFF_PREFIX}{oi}_{ri}"
-            h = handoffs[v.id] = Handoff(name, src, ())
+            h = handoffs[vid] = Handoff(name, src, ())
         if t not in h.consumers:
             h.consumers = h.consumers + (t,)
         kw = blk.add_kwarg(h.name, v.type())
@@ -205,13 +209,13 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
         required[t].add(h.name)
         required[src].add(h.name)
 
-    for oi, op in enumerate(ops):
-        if is_source_op(op):
+    for oi, (op, op_name) in enumerate(zip(ops, names)):
+        if op in source_ops:
             continue  # re-created lazily in each consumer
-        if op.name() in SINK_OPS:
+        if op_name in SINK_OPS:
             v = op.operand_source(0)
             d = v.get_defining_op()
-            if d is None or is_source_op(d):
+            if d is None or d in source_ops:
                 t = _job_of(op, split_set)
             else:
                 t = producer_job[v.id]
@@ -224,13 +228,14 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
             ensure_operand(t, v)
         paddle.pir.set_insertion_point_to_block_end(programs[t].global_block())
         op.clone(mappings[t], opts)
-        if op.name() == "builtin.shadow_output":
-            name = op.attrs()["output_name"]
+        if op_name == "builtin.shadow_output":
+            name = op.str_attr("output_name")
             if not op.operand_source(0).persistable:
                 required[t].add(name)
         for ri, r in enumerate(op.results()):
-            producer_job[r.id] = t
-            producer_op[r.id] = (op, oi, ri)
+            rid = r.id
+            producer_job[rid] = t
+            producer_op[rid] = (op, oi, ri)
 
     # producer side of the handoffs: shadow_output right after the producer's clone
     for vid, h in handoffs.items():
@@ -247,13 +252,13 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
     fetches: List[Tuple[str, str]] = []
     if fetch_names is None:
         fetch_names = []
-        for op in ops:
-            if op.name() == "builtin.shadow_output" and op.op_role == FORWARD:
-                fetch_names.append(op.attrs()["output_name"])
+        for op, op_name in zip(ops, names):
+            if op_name == "builtin.shadow_output" and op.op_role == FORWARD:
+                fetch_names.append(op.str_attr("output_name"))
     by_name = {}
-    for op in ops:
-        if op.name() == "builtin.shadow_output":
-            by_name[op.attrs()["output_name"]] = op.operand_source(0)
+    for op, op_name in zip(ops, names):
+        if op_name == "builtin.shadow_output":
+            by_name[op.str_attr("output_name")] = op.operand_source(0)
     for col, name in enumerate(fetch_names):
         v = by_name.get(name)
         if v is None:

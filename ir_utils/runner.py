@@ -26,7 +26,7 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
                 pers.add(name)
         for op in blk.ops:
             if op.name() == "builtin.shadow_output":
-                name = op.attrs()["output_name"]
+                name = op.str_attr("output_name")
                 req.add(name)
                 if op.operand_source(0).persistable:
                     pers.add(name)
@@ -41,7 +41,7 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
 
 def written_names(program) -> set:
     """Names a program hands over (``builtin.shadow_output``)."""
-    return {op.attrs()["output_name"] for op in program.global_block().ops
+    return {op.str_attr("output_name") for op in program.global_block().ops
             if op.name() == "builtin.shadow_output"}
 
 
@@ -79,7 +79,7 @@ def _inputs(program):
     yield from blk.kwargs().items()
     for op in blk.ops:
         if op.name() == "pd_op.data":
-            yield op.attrs()["name"], op.result(0)
+            yield op.str_attr("name"), op.result(0)
 
 
 def _check_m(num_micro_batches):
