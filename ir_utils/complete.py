@@ -46,11 +46,14 @@ def _producers(op):
 
 def _feeds_grad_op(ops, idx) -> List[bool]:
     """Per op: does some grad op (transitively) read what it produces?"""
+    is_grad = [GRAD_OP_RE.match(op.name()) is not None for op in ops]
     feeds = [False] * len(ops)
-    for op in reversed(ops):
-        i = idx[op]
-        feeds[i] = any(GRAD_OP_RE.match(u.name()) or feeds[idx[u]]
-                       for u in _users(op) if u in idx)
+    for i in range(len(ops) - 1, -1, -1):
+        for u in _users(ops[i]):
+            j = idx.get(u)
+            if j is not None and (is_grad[j] or feeds[j]):
+                feeds[i] = True
+                break
     return feeds
 
 
@@ -65,21 +68,22 @@ def _complete_roles(ops, idx) -> None:
             role[idx[op]] = op.op_role
     if len(role) == len(ops):
         return
+    names = [op.name() for op in ops]  # read once: each name() call crosses into C++
+    source = [n in SOURCE_OPS and op.num_operands() == 0 for op, n in zip(ops, names)]
     # 1. seed: optimizer updates and grad ops
-    for op in ops:
-        i = idx[op]
+    for i, name in enumerate(names):
         if i in role:
             continue
-        if OPTIMIZER_OP_RE.match(op.name()):
+        if OPTIMIZER_OP_RE.match(name):
             role[i] = OPTIMIZE
-        elif GRAD_OP_RE.match(op.name()):
+        elif GRAD_OP_RE.match(name):
             role[i] = BACKWARD
     # 1b. everything before the backward section is forward: without this, a loss nothing
     #     fetches (no shadow_output) would be read only by grad ops, and step 3 would pull the
     #     whole forward into the backward
     #     (source ops keep the role of their users: they are re-created where used)
     for i in range(_backward_section_start(ops, role, idx)):
-        if not is_source_op(ops[i]):
+        if not source[i]:
             role.setdefault(i, FORWARD)
     # 2. descendants of optimizer ops are optimizer.  A descendant of backward ops is backward
     # only while a grad op still depends on it; past the last grad op the values are the
@@ -87,27 +91,25 @@ def _complete_roles(ops, idx) -> None:
     # a shared weight's gradient contributions) is the optimizer's: it must run once, on the
     # gradients accumulated over all micro-batches, not inside every micro-batch's backward.
     feeds_grad = _feeds_grad_op(ops, idx)
-    for op in ops:
-        i = idx[op]
-        if i in role or op.name() in SINK_OPS:
+    for i, op in enumerate(ops):
+        if i in role or names[i] in SINK_OPS:
             continue
         prods = _producers(op)
         rs = {role.get(idx[p]) for p in prods}
         if OPTIMIZE in rs:
             role[i] = OPTIMIZE
         elif BACKWARD in rs:
-            unpacks_backward = op.name() in UNPACK_OPS and all(
+            unpacks_backward = names[i] in UNPACK_OPS and all(
                 role.get(idx[p]) == BACKWARD for p in prods)
             role[i] = BACKWARD if feeds_grad[i] or unpacks_backward else OPTIMIZE
     # 3. ops feeding only later roles take the earliest role of their users (reverse order)
-    for op in reversed(ops):
-        i = idx[op]
-        if i in role or op.name() in SINK_OPS:
+    for i in range(len(ops) - 1, -1, -1):
+        if i in role or names[i] in SINK_OPS:
             continue
-        users = _users(op)
+        users = _users(ops[i])
         if not users:
             continue
-        if not is_source_op(op) and all(u.name() in SHAPE_ONLY_USERS for u in users):
+        if not source[i] and all(u.name() in SHAPE_ONLY_USERS for u in users):
             # e.g. the loss when nothing fetches it in the program: the grad seed
             # (full_like) reads its shape only, which does not make it backward work
             role[i] = FORWARD
@@ -118,21 +120,20 @@ def _complete_roles(ops, idx) -> None:
             urs = [FORWARD if r is None else r for r in urs]
         role[i] = min(urs)
     # 4. sinks and dead ops: role of their producer, else by position
-    grad_pos = [idx[op] for op in ops if role.get(idx[op]) == BACKWARD]
-    opt_pos = [idx[op] for op in ops if role.get(idx[op]) == OPTIMIZE]
+    grad_pos = [i for i in range(len(ops)) if role.get(i) == BACKWARD]
+    opt_pos = [i for i in range(len(ops)) if role.get(i) == OPTIMIZE]
     first_b = min(grad_pos) if grad_pos else len(ops)
     first_o = min(opt_pos) if opt_pos else len(ops)
-    for op in ops:
-        i = idx[op]
+    for i, op in enumerate(ops):
         if i in role:
             continue
         prods = [role[idx[p]] for p in _producers(op) if idx[p] in role]
         if prods:
-            role[i] = max(prods) if op.name() not in SINK_OPS else prods[0]
+            role[i] = max(prods) if names[i] not in SINK_OPS else prods[0]
         else:
             role[i] = FORWARD if i < first_b else (BACKWARD if i < first_o else OPTIMIZE)
-    for op in ops:
-        op.op_role = role[idx[op]]
+    for i, op in enumerate(ops):
+        op.op_role = role[i]
 
 
 # ops Paddle's append_backward creates before the first grad op: the seed gradient (ones)
@@ -246,6 +247,9 @@ def _keep_vectors_with_their_user(ops, idx, chunk) -> None:
 
 def _infer_chunk(op, chunk, idx):
     role = op.op_role
+    name = op.name()
+    if role == OPTIMIZE and name not in SINK_OPS:
+        return _updated_param_chunk(op, chunk, idx)
     prods = [p for p in _producers(op) if idx.get(p) is not None]
     users = [u for u in _users(op) if idx.get(u) is not None]
 
@@ -254,7 +258,7 @@ def _infer_chunk(op, chunk, idx):
                 if idx[o] in chunk and (want_role is None or o.op_role == want_role)
                 and not is_source_op(o)]
 
-    if op.name() in SINK_OPS:
+    if name in SINK_OPS:
         pc = [chunk[idx[p]] for p in prods if idx[p] in chunk]
         return pc[0] if pc else None
     if role == FORWARD:
@@ -275,13 +279,16 @@ def _infer_chunk(op, chunk, idx):
             return max(pc)
         uc = cs(users)
         return max(uc) if uc else None
-    if role == OPTIMIZE:
-        # chunk of the parameter it updates, when that is known; otherwise none needed
-        for v in op.operands_source():
-            d = v.get_defining_op() if v is not None and v.initialized() else None
-            if d is not None and d.name() == "builtin.parameter" and idx[d] in chunk:
-                return chunk[idx[d]]
-        return None
+    return None
+
+
+def _updated_param_chunk(op, chunk, idx):
+    """An optimizer-role op's chunk: that of the parameter it reads, when that is known;
+    otherwise none is needed."""
+    for v in op.operands_source():
+        d = v.get_defining_op() if v is not None and v.initialized() else None
+        if d is not None and d.name() == "builtin.parameter" and idx[d] in chunk:
+            return chunk[idx[d]]
     return None
 
 
