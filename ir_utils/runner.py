@@ -55,11 +55,12 @@ def shape_only_handoffs(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, 
     last decide (a name read for its shape by one op and for its data by another, in the same
     or another program, can come out "no need buffer"): that freed live values of
     ``paddle.nn.TransformerEncoderLayer`` programs with a split backward."""
-    written = {t: written_names(prog) for t, prog in programs.items()}
+    walks = {t: _outputs_and_inputs(prog) for t, prog in programs.items()}
+    written = {t: w for t, (w, _) in walks.items()}
     handed_over = set().union(*written.values())
     shape_read, data_read = set(), set()
-    for prog in programs.values():
-        for name, value in _inputs(prog):
+    for _, inputs in walks.values():
+        for name, value in inputs:
             if name not in handed_over or name in data_read:
                 continue  # only handed-over names can be freed; one data read settles a name
             for op in value.all_used_ops():
@@ -75,11 +76,21 @@ def shape_only_handoffs(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, 
 
 def _inputs(program):
     """(name, value) of every input of ``program``: block arguments and ``pd_op.data`` results."""
+    return _outputs_and_inputs(program)[1]
+
+
+def _outputs_and_inputs(program):
+    """From one walk over ``program``'s ops: the names it hands over (:func:`written_names`)
+    and (name, value) of every input: block arguments and ``pd_op.data`` results."""
     blk = program.global_block()
-    yield from blk.kwargs().items()
+    written, inputs = set(), list(blk.kwargs().items())
     for op in blk.ops:
-        if op.name() == "pd_op.data":
-            yield op.str_attr("name"), op.result(0)
+        name = op.name()
+        if name == "builtin.shadow_output":
+            written.add(op.str_attr("output_name"))
+        elif name == "pd_op.data":
+            inputs.append((op.str_attr("name"), op.result(0)))
+    return written, inputs
 
 
 def _check_m(num_micro_batches):
