@@ -63,9 +63,10 @@ def _describe(op) -> str:
 
 def _complete_roles(ops, idx) -> None:
     role: Dict[int, int] = {}
-    for op in ops:
-        if op.op_role is not None and op.op_role >= 0:
-            role[idx[op]] = op.op_role
+    for i, op in enumerate(ops):
+        r = op.op_role
+        if r is not None and r >= 0:
+            role[i] = r
     if len(role) == len(ops):
         return
     names = [op.name() for op in ops]  # read once: each name() call crosses into C++
@@ -193,17 +194,17 @@ def _complete_chunks(ops, idx) -> None:
         c = op.chunk_id if op.has_attr("chunk_id") else -1
         if c is not None and c >= 0:
             chunk[idx[op]] = c
+    roles = [op.op_role for op in ops]  # read once (set by _complete_roles)
     # grad ops take their forward op's chunk
-    for op in ops:
-        i = idx[op]
-        if i in chunk or op.op_role != BACKWARD:
+    for i, op in enumerate(ops):
+        if i in chunk or roles[i] != BACKWARD:
             continue
         f = _match_forward_op(op, chunk, idx)
         if f is not None:
             chunk[i] = chunk[idx[f]]
     # data-flow inference to a fixpoint over the ops still unplaced (forward and backward
     # sweeps); optimizer ops only copy their parameter's chunk, so they go once, at the end
-    pending = [op for op in ops if idx[op] not in chunk and op.op_role != OPTIMIZE]
+    pending = [op for i, op in enumerate(ops) if i not in chunk and roles[i] != OPTIMIZE]
     while pending:
         placed = False
         for op in pending + pending[::-1]:
@@ -217,20 +218,21 @@ def _complete_chunks(ops, idx) -> None:
         if not placed:
             break
         pending = [op for op in pending if idx[op] not in chunk]
-    for op in ops:
-        if idx[op] not in chunk and op.op_role == OPTIMIZE:
+    for i, op in enumerate(ops):
+        if i not in chunk and roles[i] == OPTIMIZE:
             c = _infer_chunk(op, chunk, idx)
             if c is not None:
-                chunk[idx[op]] = c
-    missing = [op for op in ops if idx[op] not in chunk and op.op_role in (FORWARD, BACKWARD)]
+                chunk[i] = c
+    missing = [op for i, op in enumerate(ops)
+               if i not in chunk and roles[i] in (FORWARD, BACKWARD)]
     if missing:
         raise ValueError("cannot infer a chunk id for ops: "
                          + ", ".join(_describe(op) for op in missing[:50])
                          + (f" ... ({len(missing)} in all)" if len(missing) > 50 else ""))
     _keep_vectors_with_their_user(ops, idx, chunk)
-    for op in ops:
-        if idx[op] in chunk:
-            op.set_int_attr("chunk_id", chunk[idx[op]])
+    for i, op in enumerate(ops):
+        if i in chunk:
+            op.set_int_attr("chunk_id", chunk[i])
 
 
 def _keep_vectors_with_their_user(ops, idx, chunk) -> None:
@@ -328,14 +330,14 @@ def check_program(program, num_chunks: int) -> None:
     roles = [op.op_role for op in ops]
     if all(r is None or r < 0 for r in roles):
         raise ValueError("program has no op roles (run complete_program first)")
-    unroled = [op for op in ops if op.op_role is None or op.op_role < 0]
+    unroled = [op for op, r in zip(ops, roles) if r is None or r < 0]
     if unroled:
         raise ValueError("ops without op_role: " + ", ".join(_describe(o) for o in unroled[:20]))
     chunks = set()
     unchunked, outside = [], []
-    for op in ops:
-        c = op.chunk_id if op.has_attr("chunk_id") else -1
-        if op.op_role in (FORWARD, BACKWARD):
+    for op, r in zip(ops, roles):
+        if r in (FORWARD, BACKWARD):
+            c = op.chunk_id if op.has_attr("chunk_id") else -1
             if c is None or c < 0:
                 unchunked.append(op)
             else:
