@@ -47,11 +47,14 @@ def _producers(op):
 
 def _feeds_grad_op(ops, idx) -> List[bool]:
     """Per op: does some grad op (transitively) read what it produces?"""
+    is_grad = [GRAD_OP_RE.match(op.name()) is not None for op in ops]
     feeds = [False] * len(ops)
-    for op in reversed(ops):
-        i = idx[op]
-        feeds[i] = any(GRAD_OP_RE.match(u.name()) or feeds[idx[u]]
-                       for u in _users(op) if u in idx)
+    for i in range(len(ops) - 1, -1, -1):
+        for u in _users(ops[i]):
+            j = idx.get(u)
+            if j is not None and (is_grad[j] or feeds[j]):
+                feeds[i] = True
+                break
     return feeds
 
 
@@ -61,26 +64,28 @@ def _describe(op) -> str:
 
 def _complete_roles(ops, idx) -> None:
     role: Dict[int, int] = {}
-    for op in ops:
-        if op.op_role is not None and op.op_role >= 0:
-            role[idx[op]] = op.op_role
+    for i, op in enumerate(ops):
+        r = op.op_role
+        if r is not None and r >= 0:
+            role[i] = r
     if len(role) == len(ops):
         return
+    names = [op.name() for op in ops]  # read once: each name() call crosses into C++
+    source = [n in SOURCE_OPS and op.num_operands() == 0 for op, n in zip(ops, names)]
     # 1. seed: optimizer updates and grad ops
-    for op in ops:
-        i = idx[op]
+    for i, name in enumerate(names):
         if i in role:
             continue
-        if OPTIMIZER_OP_RE.match(op.name()):
+        if OPTIMIZER_OP_RE.match(name):
             role[i] = ROLE_OPTIMIZE
-        elif GRAD_OP_RE.match(op.name()):
+        elif GRAD_OP_RE.match(name):
             role[i] = ROLE_BACKWARD
     # 1b. everything before the backward section is forward: without this, a loss nothing
     #     fetches (no shadow_output) would be read only by grad ops, and step 3 would pull the
     #     whole forward into the backward
     #     (source ops keep the role of their users: they are re-created where used)
     for i in range(_backward_section_start(ops, role, idx)):
-        if not is_source_op(ops[i]):
+        if not source[i]:
             role.setdefault(i, ROLE_FORWARD)
     # 2. descendants of optimizer ops are optimizer.  A descendant of backward ops is backward
     # only while a grad op still depends on it; past the last grad op the values are the
@@ -88,27 +93,25 @@ def _complete_roles(ops, idx) -> None:
     # a shared weight's gradient contributions) is the optimizer's: it must run once, on the
     # gradients accumulated over all micro-batches, not inside every micro-batch's backward.
     feeds_grad = _feeds_grad_op(ops, idx)
-    for op in ops:
-        i = idx[op]
-        if i in role or op.name() in SINK_OPS:
+    for i, op in enumerate(ops):
+        if i in role or names[i] in SINK_OPS:
             continue
         prods = _producers(op)
         rs = {role.get(idx[p]) for p in prods}
         if ROLE_OPTIMIZE in rs:
             role[i] = ROLE_OPTIMIZE
         elif ROLE_BACKWARD in rs:
-            unpacks_backward = op.name() in UNPACK_OPS and all(
+            unpacks_backward = names[i] in UNPACK_OPS and all(
                 role.get(idx[p]) == ROLE_BACKWARD for p in prods)
             role[i] = ROLE_BACKWARD if feeds_grad[i] or unpacks_backward else ROLE_OPTIMIZE
     # 3. ops feeding only later roles take the earliest role of their users (reverse order)
-    for op in reversed(ops):
-        i = idx[op]
-        if i in role or op.name() in SINK_OPS:
+    for i in range(len(ops) - 1, -1, -1):
+        if i in role or names[i] in SINK_OPS:
             continue
-        users = _users(op)
+        users = _users(ops[i])
         if not users:
             continue
-        if not is_source_op(op) and all(u.name() in SHAPE_ONLY_USERS for u in users):
+        if not source[i] and all(u.name() in SHAPE_ONLY_USERS for u in users):
             # e.g. the loss when nothing fetches it in the program: the grad seed
             # (full_like) reads its shape only, which does not make it backward work
             role[i] = ROLE_FORWARD
@@ -119,21 +122,20 @@ def _complete_roles(ops, idx) -> None:
             urs = [ROLE_FORWARD if r is None else r for r in urs]
         role[i] = min(urs)
     # 4. sinks and dead ops: role of their producer, else by position
-    grad_pos = [idx[op] for op in ops if role.get(idx[op]) == ROLE_BACKWARD]
-    opt_pos = [idx[op] for op in ops if role.get(idx[op]) == ROLE_OPTIMIZE]
+    grad_pos = [i for i in range(len(ops)) if role.get(i) == ROLE_BACKWARD]
+    opt_pos = [i for i in range(len(ops)) if role.get(i) == ROLE_OPTIMIZE]
     first_b = min(grad_pos) if grad_pos else len(ops)
     first_o = min(opt_pos) if opt_pos else len(ops)
-    for op in ops:
-        i = idx[op]
+    for i, op in enumerate(ops):
         if i in role:
             continue
         prods = [role[idx[p]] for p in _producers(op) if idx[p] in role]
         if prods:
-            role[i] = max(prods) if op.name() not in SINK_OPS else prods[0]
+            role[i] = max(prods) if names[i] not in SINK_OPS else prods[0]
         else:
             role[i] = ROLE_FORWARD if i < first_b else (ROLE_BACKWARD if i < first_o else ROLE_OPTIMIZE)
-    for op in ops:
-        op.op_role = role[idx[op]]
+    for i, op in enumerate(ops):
+        op.op_role = role[i]
 
 
 # ops Paddle's append_backward creates before the first grad op: the seed gradient (ones)
@@ -193,17 +195,17 @@ def _complete_chunks(ops, idx) -> None:
         c = op.chunk_id if op.has_attr("chunk_id") else -1
         if c is not None and c >= 0:
             chunk[idx[op]] = c
+    roles = [op.op_role for op in ops]  # read once (set by _complete_roles)
     # grad ops take their forward op's chunk
-    for op in ops:
-        i = idx[op]
-        if i in chunk or op.op_role != ROLE_BACKWARD:
+    for i, op in enumerate(ops):
+        if i in chunk or roles[i] != ROLE_BACKWARD:
             continue
         f = _match_forward_op(op, chunk, idx)
         if f is not None:
             chunk[i] = chunk[idx[f]]
     # data-flow inference to a fixpoint over the ops still unplaced (forward and backward
     # sweeps); optimizer ops only copy their parameter's chunk, so they go once, at the end
-    pending = [op for op in ops if idx[op] not in chunk and op.op_role != ROLE_OPTIMIZE]
+    pending = [op for i, op in enumerate(ops) if i not in chunk and roles[i] != ROLE_OPTIMIZE]
     while pending:
         placed = False
         for op in pending + pending[::-1]:
@@ -217,20 +219,21 @@ def _complete_chunks(ops, idx) -> None:
         if not placed:
             break
         pending = [op for op in pending if idx[op] not in chunk]
-    for op in ops:
-        if idx[op] not in chunk and op.op_role == ROLE_OPTIMIZE:
+    for i, op in enumerate(ops):
+        if i not in chunk and roles[i] == ROLE_OPTIMIZE:
             c = _infer_chunk(op, chunk, idx)
             if c is not None:
-                chunk[idx[op]] = c
-    missing = [op for op in ops if idx[op] not in chunk and op.op_role in (ROLE_FORWARD, ROLE_BACKWARD)]
+                chunk[i] = c
+    missing = [op for i, op in enumerate(ops)
+               if i not in chunk and roles[i] in (ROLE_FORWARD, ROLE_BACKWARD)]
     if missing:
         raise ValueError("cannot infer a chunk id for ops: "
                          + ", ".join(_describe(op) for op in missing[:50])
                          + (f" ... ({len(missing)} in all)" if len(missing) > 50 else ""))
     _keep_vectors_with_their_user(ops, idx, chunk)
-    for op in ops:
-        if idx[op] in chunk:
-            op.set_int_attr("chunk_id", chunk[idx[op]])
+    for i, op in enumerate(ops):
+        if i in chunk:
+            op.set_int_attr("chunk_id", chunk[i])
 
 
 def _keep_vectors_with_their_user(ops, idx, chunk) -> None:
@@ -247,6 +250,9 @@ def _keep_vectors_with_their_user(ops, idx, chunk) -> None:
 
 def _infer_chunk(op, chunk, idx):
     role = op.op_role
+    name = op.name()
+    if role == ROLE_OPTIMIZE and name not in SINK_OPS:
+        return _updated_param_chunk(op, chunk, idx)
     prods = [p for p in _producers(op) if idx.get(p) is not None]
     users = [u for u in _users(op) if idx.get(u) is not None]
 
@@ -255,7 +261,7 @@ def _infer_chunk(op, chunk, idx):
                 if idx[o] in chunk and (want_role is None or o.op_role == want_role)
                 and not is_source_op(o)]
 
-    if op.name() in SINK_OPS:
+    if name in SINK_OPS:
         pc = [chunk[idx[p]] for p in prods if idx[p] in chunk]
         return pc[0] if pc else None
     if role == ROLE_FORWARD:
@@ -276,13 +282,16 @@ def _infer_chunk(op, chunk, idx):
             return max(pc)
         uc = cs(users)
         return max(uc) if uc else None
-    if role == ROLE_OPTIMIZE:
-        # chunk of the parameter it updates, when that is known; otherwise none needed
-        for v in op.operands_source():
-            d = v.get_defining_op() if v is not None and v.initialized() else None
-            if d is not None and d.name() == "builtin.parameter" and idx[d] in chunk:
-                return chunk[idx[d]]
-        return None
+    return None
+
+
+def _updated_param_chunk(op, chunk, idx):
+    """An optimizer-role op's chunk: that of the parameter it reads, when that is known;
+    otherwise none is needed."""
+    for v in op.operands_source():
+        d = v.get_defining_op() if v is not None and v.initialized() else None
+        if d is not None and d.name() == "builtin.parameter" and idx[d] in chunk:
+            return chunk[idx[d]]
     return None
 
 
@@ -322,14 +331,14 @@ def check_program(program, num_chunks: int) -> None:
     roles = [op.op_role for op in ops]
     if all(r is None or r < 0 for r in roles):
         raise ValueError("program has no op roles (run complete_program first)")
-    unroled = [op for op in ops if op.op_role is None or op.op_role < 0]
+    unroled = [op for op, r in zip(ops, roles) if r is None or r < 0]
     if unroled:
         raise ValueError("ops without op_role: " + ", ".join(_describe(o) for o in unroled[:20]))
     chunks = set()
     unchunked, outside = [], []
-    for op in ops:
-        c = op.chunk_id if op.has_attr("chunk_id") else -1
-        if op.op_role in (ROLE_FORWARD, ROLE_BACKWARD):
+    for op, r in zip(ops, roles):
+        if r in (ROLE_FORWARD, ROLE_BACKWARD):
+            c = op.chunk_id if op.has_attr("chunk_id") else -1
             if c is None or c < 0:
                 unchunked.append(op)
             else:

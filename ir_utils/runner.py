@@ -26,7 +26,7 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
                 pers.add(name)
         for op in blk.ops:
             if op.name() == "builtin.shadow_output":
-                name = op.attrs()["output_name"]
+                name = op.str_attr("output_name")
                 req.add(name)
                 if op.operand_source(0).persistable:
                     pers.add(name)
@@ -41,7 +41,7 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
 
 def written_names(program) -> set:
     """Names a program hands over (``builtin.shadow_output``)."""
-    return {op.attrs()["output_name"] for op in program.global_block().ops
+    return {op.str_attr("output_name") for op in program.global_block().ops
             if op.name() == "builtin.shadow_output"}
 
 
@@ -55,24 +55,42 @@ def shape_only_handoffs(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, 
     last decide (a name read for its shape by one op and for its data by another, in the same
     or another program, can come out "no need buffer"): that freed live values of
     ``paddle.nn.TransformerEncoderLayer`` programs with a split backward."""
+    walks = {t: _outputs_and_inputs(prog) for t, prog in programs.items()}
+    written = {t: w for t, (w, _) in walks.items()}
+    handed_over = set().union(*written.values())
     shape_read, data_read = set(), set()
-    for prog in programs.values():
-        for name, value in _inputs(prog):
+    for _, inputs in walks.values():
+        for name, value in inputs:
+            if name not in handed_over or name in data_read:
+                continue  # only handed-over names can be freed; one data read settles a name
             for op in value.all_used_ops():
                 slots = sum(1 for v in op.operands_source() if v.is_same(value))
-                reads_shape_only = slots == 1 and op.is_no_need_buffer(value)
-                (shape_read if reads_shape_only else data_read).add(name)
+                if slots == 1 and op.is_no_need_buffer(value):
+                    shape_read.add(name)
+                else:
+                    data_read.add(name)
+                    break
     shape_only = shape_read - data_read
-    return {t: written_names(prog) & shape_only for t, prog in programs.items()}
+    return {t: written[t] & shape_only for t in programs}
 
 
 def _inputs(program):
     """(name, value) of every input of ``program``: block arguments and ``pd_op.data`` results."""
+    return _outputs_and_inputs(program)[1]
+
+
+def _outputs_and_inputs(program):
+    """From one walk over ``program``'s ops: the names it hands over (:func:`written_names`)
+    and (name, value) of every input: block arguments and ``pd_op.data`` results."""
     blk = program.global_block()
-    yield from blk.kwargs().items()
+    written, inputs = set(), list(blk.kwargs().items())
     for op in blk.ops:
-        if op.name() == "pd_op.data":
-            yield op.attrs()["name"], op.result(0)
+        name = op.name()
+        if name == "builtin.shadow_output":
+            written.add(op.str_attr("output_name"))
+        elif name == "pd_op.data":
+            inputs.append((op.str_attr("name"), op.result(0)))
+    return written, inputs
 
 
 def _check_m(num_micro_batches):
