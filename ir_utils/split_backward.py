@@ -345,23 +345,17 @@ def _matmul_grad_plan(op):
     else:
         return None
 
+    # the matmul_grad formulas per (transpose_x, transpose_y): (a, b, transpose a, transpose b)
+    dx_terms = {(False, False): (dout, y, False, True), (False, True): (dout, y, False, False),
+                (True, False): (y, dout, False, True), (True, True): (y, dout, True, True)}
+    dy_terms = {(False, False): (x, dout, True, False), (False, True): (dout, x, True, False),
+                (True, False): (x, dout, False, False), (True, True): (dout, x, True, True)}
+
     def dx_batched(emit):
-        if not tx and not ty:
-            return _matmul(emit, dout, y, False, True)
-        if not tx and ty:
-            return _matmul(emit, dout, y, False, False)
-        if tx and not ty:
-            return _matmul(emit, y, dout, False, True)
-        return _matmul(emit, y, dout, True, True)
+        return _matmul(emit, *dx_terms[tx, ty])
 
     def dy_batched(emit):
-        if not tx and not ty:
-            return _matmul(emit, x, dout, True, False)
-        if not tx and ty:
-            return _matmul(emit, dout, x, True, False)
-        if tx and not ty:
-            return _matmul(emit, x, dout, False, False)
-        return _matmul(emit, dout, x, True, True)
+        return _matmul(emit, *dy_terms[tx, ty])
 
     def build_dx(emit):
         v = dx_batched(emit)

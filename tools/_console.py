@@ -116,6 +116,15 @@ class Progress:
         self.step(text.strip())
 
 
+def write_json(path: str, data) -> None:
+    """Write a benchmark's result as indented JSON (numpy scalars as floats) and say so."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=float)
+    print(f"wrote {path}")
+
+
 def _is_terminal(stream) -> bool:
     try:
         return stream.isatty()

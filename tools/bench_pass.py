@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import statistics
@@ -56,7 +55,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from pipesplit.tools._console import Progress, add_quiet_option, prepare_output, quiet_pipe_main
+from pipesplit.tools._console import (Progress, add_quiet_option, prepare_output, quiet_pipe_main,
+                                      write_json)
 
 #: what (a) and (c) aim for: ours / Paddle's pass time, and step time / the unsplit baseline
 PASS_RATIO_TARGET = 0.5
@@ -524,9 +524,7 @@ def main(argv=None) -> int:
     result = run(args.quick, args.reps, Progress("bench_pass", quiet=args.quiet))
     print_report(result)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=float)
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return 0
 
 

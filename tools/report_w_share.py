@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
 import time
 import warnings
 from typing import Dict, List, Tuple
+
+from pipesplit.tools._console import write_json
 
 
 def _median(xs):
@@ -200,9 +201,7 @@ def main(argv=None) -> int:
     r = run(args.reps, args.hidden, args.seq_len, args.batch, args.m)
     print_report(r)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(r, fh, indent=1, default=float)
-        print(f"wrote {args.json}")
+        write_json(args.json, r)
     return 0
 
 
