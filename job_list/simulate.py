@@ -41,6 +41,8 @@ class SimResult:
     busy: List[float]
     peak_memory: List[float]
     memory_curve: List[List[Tuple[float, float]]] = field(repr=False, default_factory=list)
+    #: per rank, when its list ends: its last job, or under rendezvous costs a transfer after it
+    rank_ends: List[float] = field(repr=False, default_factory=list)
 
     @property
     def bubble_ratio(self) -> float:
@@ -132,7 +134,7 @@ def _result(schedule: Schedule, costs: Costs, timeline: List[List[TimedJob]],
     busy = [sum(t.end - t.start for t in row) for row in timeline]
     curves = [_memory_curve(row, costs) for row in timeline]
     peaks = [max((level for _, level in curve), default=0.0) for curve in curves]
-    return SimResult(schedule, costs, timeline, makespan, busy, peaks, curves)
+    return SimResult(schedule, costs, timeline, makespan, busy, peaks, curves, list(clock))
 
 
 def _key_costs(costs: Costs, keys) -> List[float]:
