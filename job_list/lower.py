@@ -29,7 +29,8 @@ from typing import Dict, List, Optional, Tuple
 from .deps import DependencyGraph
 from .ir import (FORWARD, OPTIMIZER, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
                  Job, Schedule)
-from .simulate import Costs, SimResult, simulate
+from .costs import Costs
+from .timed import SimResult, simulate_latency
 from .validate import ScheduleError, execute, validate
 
 RankJob = Tuple[int, Job]
@@ -91,7 +92,7 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
     # the times of the latency model steer (the rendezvous simulation itself lowers first)
     if (timing is None or timing.schedule.ranks != compute.ranks
             or timing.costs.rendezvous):
-        timing = simulate(compute, costs.as_latency() if costs is not None else None)  # raises ScheduleError if the compute order deadlocks
+        timing = simulate_latency(compute, costs)  # raises ScheduleError if the compute order deadlocks
     starts: List[List[float]] = [[0.0] * len(jobs) for jobs in compute.ranks]
     ends: List[List[float]] = [[0.0] * len(jobs) for jobs in compute.ranks]
     for row in timing.timeline:
