@@ -253,14 +253,13 @@ def _rerank_rendezvous(finalists, pp: int, vpp: int, m: int, costs: Costs,
     baseline label, baseline makespan): the first in ``finalists``' order on ties."""
     best, best_bound = None, 0.0
     baseline, baseline_span = None, INF
-    seen = set()
+    sims = {}  # the same job lists (a search that kept a fixed schedule) are simulated once
     for placement, source, ranks, bound, is_fixed in finalists:
         key = (placement, tuple(map(tuple, ranks)))
-        if key in seen:
-            continue
-        seen.add(key)
-        sim = simulate(_auto_schedule(pp, vpp, m, placement, ranks, costs, memory_limit, source),
-                       costs)
+        if key not in sims:
+            sims[key] = simulate(_auto_schedule(pp, vpp, m, placement, ranks, costs,
+                                                memory_limit, source), costs)
+        sim = sims[key]
         if sim.max_peak_memory > memory_limit + EPS:
             continue
         if is_fixed and sim.makespan < baseline_span - EPS:
