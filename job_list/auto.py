@@ -45,6 +45,14 @@ whole stage is ``vpp`` virtual stages.  No valid schedule peaks below ``vpp`` (w
 starts the I of a micro-batch, every rank still holds all ``vpp`` forwards of it), so a limit
 below ``vpp`` raises ``ValueError`` stating that minimum.
 
+**Rendezvous costs.**  The search always runs in the fast latency model
+(``costs.as_latency()``).  When ``costs.comm_mode == "rendezvous"`` (blocking transfers, gloo
+on CPU: see :class:`~.costs.Costs`), its finalists — every fixed schedule that fits the limit
+and the best order of each placement and split pattern — are re-ranked at the end with the
+rendezvous simulation (:func:`simulate.simulate` on the lowered schedule), and the fastest of
+them whose peak fits wins (the baseline too is the fastest fixed schedule under that model).
+So the result is never slower, under rendezvous, than any fixed schedule that fits.
+
 To let the search also choose the placement, call :func:`auto_search` with
 ``placements=(LOOPED, V_SHAPE)``; its result records the placement it chose.
 """
@@ -178,40 +186,87 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
                          f"holds all vpp forwards of a micro-batch on each rank, plus "
                          f"max(0, w_memory-1)), got {memory_limit:g}")
     costs.check_stages(pp * vpp)
+    search_costs = costs.as_latency()  # the fast model; rendezvous re-ranks the finalists
     began = time.perf_counter()
     best = None  # (makespan, placement, source, job lists, bound)
     baseline, baseline_span = None, INF
     tried: Dict[str, float] = {}
-    patterns = split_patterns(costs, pp * vpp)
+    finalists = []  # (placement, source, job lists, bound, is fixed) for the rendezvous re-rank
+    patterns = split_patterns(search_costs, pp * vpp)
     for placement in placements:
-        fixed = fixed_candidates(pp, vpp, m, placement, costs)
+        fixed = fixed_candidates(pp, vpp, m, placement, search_costs)
         for label, schedule, span, peak in fixed:
             tried[f"fixed:{label}@{placement}"] = span
             if peak <= memory_limit + EPS and span < baseline_span - EPS:
                 baseline, baseline_span = label, span
+        bounds = []
         for pattern in patterns:
-            ctx = SearchContext(pp, vpp, m, placement, costs, pattern)
+            ctx = SearchContext(pp, vpp, m, placement, search_costs, pattern)
             fits = [(label, schedule, span) for label, schedule, span, peak in fixed
                     if peak <= memory_limit + EPS and split_stages_of(schedule) == pattern]
             found = _search_pattern(ctx, memory_limit, fits, tried, local_search)
-            if found is not None and (best is None or found[0] < best[0] - EPS):
-                span, source, orders, bound = found
-                if len(patterns) > 1 and not source.startswith("fixed:"):
-                    source += f"/{_pattern_label(pattern, pp * vpp)}"
+            if found is None:
+                continue
+            span, source, orders, bound = found
+            if len(patterns) > 1 and not source.startswith("fixed:"):
+                source += f"/{_pattern_label(pattern, pp * vpp)}"
+            finalists.append((placement, source, ctx.to_jobs(orders), bound, False))
+            bounds.append(bound)
+            if best is None or span < best[0] - EPS:
                 best = (span, placement, source, ctx.to_jobs(orders), bound)
+        # every fitting fixed schedule, split pattern searched or not (e.g. 1F1B/B when only
+        # "all split" is searched); bound: the placement's weakest
+        finalists.extend((placement, f"fixed:{label}", schedule.ranks, min(bounds, default=0.0),
+                          True) for label, schedule, _, peak in fixed
+                         if peak <= memory_limit + EPS)
     if best is None:  # pragma: no cover - reserve policies always succeed for limit >= vpp
         raise ValueError(f"memory_limit {memory_limit:g} admits no schedule the search found "
                          f"for pp={pp}, vpp={vpp}, m={m}")
-    span, placement, source, ranks, bound = best
-    split = any(j.kind in (BACKWARD_B, BACKWARD_W) for jobs in ranks for j in jobs)
-    schedule = Schedule(name="auto" if placement == LOOPED else "autoV", pp=pp, vpp=vpp, m=m,
-                        placement=Placement(placement, pp, vpp), ranks=[list(j) for j in ranks],
-                        split_backward=split,
-                        options={"costs": costs, "memory_limit": memory_limit, "source": source})
-    final = simulate(schedule, costs)  # the reference simulator has the last word
+    if costs.rendezvous:  # the latency winner is a finalist too
+        final, bound, baseline, baseline_span = _rerank_rendezvous(
+            finalists, pp, vpp, m, costs, memory_limit)
+        schedule = final.schedule
+        placement, source = schedule.placement.kind, schedule.options["source"]
+    else:
+        _, placement, source, ranks, bound = best
+        schedule = _auto_schedule(pp, vpp, m, placement, ranks, costs, memory_limit, source)
+        final = simulate(schedule, costs)  # the reference simulator has the last word
     return AutoResult(schedule, final.makespan, final.max_peak_memory, float(memory_limit),
                       placement, source, baseline, baseline_span, time.perf_counter() - began,
                       bound, tried)
+
+
+def _auto_schedule(pp: int, vpp: int, m: int, placement: str, ranks, costs: Costs,
+                   memory_limit: float, source: str, **options) -> Schedule:
+    """The Schedule auto / autoV return for the job lists ``ranks``."""
+    split = any(j.kind in (BACKWARD_B, BACKWARD_W) for jobs in ranks for j in jobs)
+    return Schedule(name="auto" if placement == LOOPED else "autoV", pp=pp, vpp=vpp, m=m,
+                    placement=Placement(placement, pp, vpp), ranks=[list(j) for j in ranks],
+                    split_backward=split,
+                    options={"costs": costs, "memory_limit": memory_limit, "source": source,
+                             **options})
+
+
+def _rerank_rendezvous(finalists, pp: int, vpp: int, m: int, costs: Costs,
+                       memory_limit: float):
+    """(rendezvous simulation of the fastest finalist whose peak fits, its memory lower bound,
+    baseline label, baseline makespan): the first in ``finalists``' order on ties."""
+    best, best_bound = None, 0.0
+    baseline, baseline_span = None, INF
+    sims = {}  # the same job lists (a search that kept a fixed schedule) are simulated once
+    for placement, source, ranks, bound, is_fixed in finalists:
+        key = (placement, tuple(map(tuple, ranks)))
+        if key not in sims:
+            sims[key] = simulate(_auto_schedule(pp, vpp, m, placement, ranks, costs,
+                                                memory_limit, source), costs)
+        sim = sims[key]
+        if sim.max_peak_memory > memory_limit + EPS:
+            continue
+        if is_fixed and sim.makespan < baseline_span - EPS:
+            baseline, baseline_span = source[len("fixed:"):], sim.makespan
+        if best is None or sim.makespan < best.makespan - EPS:
+            best, best_bound = sim, bound
+    return best, best_bound, baseline, baseline_span
 
 
 def _search_pattern(ctx: SearchContext, memory_limit: float, fits, tried: Dict[str, float],

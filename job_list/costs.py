@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
 from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD
@@ -19,6 +19,9 @@ Number = Union[int, float]
 PerStage = Union[Number, Sequence[Number]]
 COST_FIELDS = ("forward", "backward", "backward_b", "backward_w")
 EXTRA_FIELDS = ("comm", "w_memory")
+#: how the simulator times a cross-rank transfer (see :class:`Costs`)
+COMM_MODES = ("latency", "rendezvous")
+LATENCY, RENDEZVOUS = COMM_MODES
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,12 @@ class Costs:
     and the end of its W (the zero-bubble paper's 1/2; ``pipesplit profile`` measures it, and in
     Paddle's executor it is larger, since W reads every matmul input plus the output gradients
     that I produced).
+
+    ``comm_mode`` says what ``comm`` stands for.  ``"latency"`` (default): a delay added to a
+    dependency across ranks; send / recv take no time and block nobody (NCCL-like asynchronous
+    p2p).  ``"rendezvous"``: blocking transfers (gloo on CPU): the schedule is simulated lowered
+    (:func:`lower.lower_comm`), a send and its recv start together once both ranks reach them
+    and the data exists, and keep both ranks busy for ``comm``.
     """
 
     forward: PerStage = 1.0
@@ -38,6 +47,7 @@ class Costs:
     backward_w: PerStage = 1.0
     comm: Number = 0.0
     w_memory: Number = 0.5
+    comm_mode: str = LATENCY
 
     def __post_init__(self):
         for name in COST_FIELDS:
@@ -54,6 +64,18 @@ class Costs:
             value = getattr(self, name)
             if not _is_cost(value):
                 raise ValueError(f"costs.{name} must be a finite number >= 0, got {value!r}")
+        if self.comm_mode not in COMM_MODES:
+            raise ValueError(f"costs.comm_mode must be one of {COMM_MODES}, got "
+                             f"{self.comm_mode!r}")
+
+    @property
+    def rendezvous(self) -> bool:
+        """True when transfers block both ranks (``comm_mode="rendezvous"``)."""
+        return self.comm_mode == RENDEZVOUS
+
+    def as_latency(self) -> "Costs":
+        """The same costs under the latency comm model (the fast one the search uses)."""
+        return self if self.comm_mode == LATENCY else replace(self, comm_mode=LATENCY)
 
     def memory_delta(self, kind: str) -> float:
         """Change of live activation units at the end of a ``kind`` job (see class doc)."""
@@ -94,17 +116,23 @@ class Costs:
         return cls(*parts, comm=comm)
 
     def to_dict(self) -> dict:
-        return {name: (list(v) if isinstance(v, (list, tuple)) else v)
-                for name, v in ((n, getattr(self, n)) for n in COST_FIELDS + EXTRA_FIELDS)}
+        """The fields by name; ``comm_mode`` only when not the default, so files and outputs
+        written before it existed stay identical."""
+        out = {name: (list(v) if isinstance(v, (list, tuple)) else v)
+               for name, v in ((n, getattr(self, n)) for n in COST_FIELDS + EXTRA_FIELDS)}
+        if self.comm_mode != LATENCY:
+            out["comm_mode"] = self.comm_mode
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Costs":
         if not isinstance(data, dict):
             raise TypeError(f"costs must be a dict of {COST_FIELDS + EXTRA_FIELDS}, got "
                             f"{type(data).__name__}")
-        unknown = set(data) - set(COST_FIELDS) - set(EXTRA_FIELDS)
+        known = COST_FIELDS + EXTRA_FIELDS + ("comm_mode",)
+        unknown = set(data) - set(known)
         if unknown:
-            raise ValueError(f"unknown cost fields {sorted(unknown)}; expected {COST_FIELDS + EXTRA_FIELDS}")
+            raise ValueError(f"unknown cost fields {sorted(unknown)}; expected {known}")
         missing = [n for n in ("forward", "backward_b", "backward_w") if n not in data]
         if missing:
             raise ValueError(f"costs lack {missing}; every compute kind needs a time")

@@ -58,7 +58,8 @@ def walk(orders: Sequence[Sequence[int]], needs: Sequence[Needs], cost: Sequence
 
     ``delta[id]``: the live-memory change at the end of a job, in list order per rank (the
     state's ``peak``); ``starts`` (``num_ids`` floats) receives each job's start; ``other``
-    runs the entries with id -1 (default: they take no time and never wait).  The state it
+    runs the entries with id -1 (default: they take no time and never wait; a hook may move
+    the clocks of its rank and of others, e.g. for a blocking transfer).  The state it
     reaches does not depend on the order the ranks are tried in (running a job never stops
     another), so the deadlock, if any, does not either.
     """
@@ -82,6 +83,7 @@ def walk(orders: Sequence[Sequence[int]], needs: Sequence[Needs], cost: Sequence
                         head[r], clock[r], level[r] = h, t, lv
                         if not other(state, r, h):
                             break
+                        t = clock[r]  # the hook may have kept the rank busy (a transfer)
                         progressed = True
                     h += 1
                     continue

@@ -29,7 +29,8 @@ from typing import Dict, List, Optional, Tuple
 from .deps import DependencyGraph
 from .ir import (FORWARD, OPTIMIZER, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
                  Job, Schedule)
-from .simulate import Costs, SimResult, simulate
+from .costs import Costs
+from .timed import SimResult, simulate_latency
 from .validate import ScheduleError, execute, validate
 
 RankJob = Tuple[int, Job]
@@ -60,8 +61,8 @@ def lower_comm(schedule: Schedule, costs: Optional[Costs] = None, *,
                timing: Optional[SimResult] = None) -> Schedule:
     """A lowered copy of ``schedule`` with send / recv jobs for every cross-rank dependency.
 
-    ``costs`` only steer where the pairs go (through the simulated times); any costs give a
-    deadlock-free result.  ``timing``, a ``simulate(schedule, costs)`` result the caller already
+    ``costs`` only steer where the pairs go (through the times the latency model simulates,
+    whatever ``costs.comm_mode``); any costs give a deadlock-free result.  ``timing``, a ``simulate(schedule, costs)`` result the caller already
     has, saves simulating again.  A lowered input is re-lowered from its compute jobs.
     """
     ranks, _ = _lower(schedule, costs, timing)
@@ -88,8 +89,10 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
     compute = schedule.with_ranks([[j for j in jobs if j.is_compute] for jobs in schedule.ranks],
                                   lowered=False)
     graph = DependencyGraph(compute)
-    if timing is None or timing.schedule.ranks != compute.ranks:
-        timing = simulate(compute, costs)  # raises ScheduleError if the compute order deadlocks
+    # the times of the latency model steer (the rendezvous simulation itself lowers first)
+    if (timing is None or timing.schedule.ranks != compute.ranks
+            or timing.costs.rendezvous):
+        timing = simulate_latency(compute, costs)  # raises ScheduleError if the compute order deadlocks
     starts: List[List[float]] = [[0.0] * len(jobs) for jobs in compute.ranks]
     ends: List[List[float]] = [[0.0] * len(jobs) for jobs in compute.ranks]
     for row in timing.timeline:

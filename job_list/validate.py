@@ -8,10 +8,10 @@ its cross-rank inputs through a recv that ran earlier on its own rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .deps import DependencyGraph, JobKey, job_key, short
-from .events import WalkState, walk
+from .events import RunHook, WalkState, walk
 from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD, OP_OF_KIND, OPTIMIZER, RECV_BACKWARD,
                  RECV_FORWARD, Job, Schedule)
 from .views import step_grid
@@ -239,13 +239,19 @@ def _needs(graph: DependencyGraph, lowered: bool, never: int, arrivals: Dict[Tup
 
 
 def execute(schedule: Schedule, graph: Optional[DependencyGraph] = None,
-            record: Optional[Callable[[Tuple[int, Job]], None]] = None) -> Execution:
-    """Run every rank as far as it goes (:func:`events.walk`, no durations); ``record`` gets
-    each (rank, job) as it runs, a send directly followed by its recv.
+            record: Optional[Callable[[Tuple[int, Job]], None]] = None, *,
+            cost: Optional[Sequence[float]] = None, comm: float = 0.0,
+            on_run: Optional[RunHook] = None) -> Execution:
+    """Run every rank as far as it goes (:func:`events.walk`); ``record`` gets each (rank, job)
+    as it runs, a send directly followed by its recv.
 
     A compute job needs each producer done — or, in a lowered schedule when the producer is on
     another rank, its data received by a recv earlier on this rank.  A send completes together
     with its recv when the data it sends exists and the peer's head is that recv (rendezvous).
+
+    Durations (the rendezvous simulation): ``cost[key id]`` per compute job (default: none);
+    a send / recv pair starts at the latest of both ranks' clocks and the data's end and keeps
+    both ranks busy for ``comm``.  ``on_run`` gets every compute job as :func:`events.walk`'s.
     """
     graph = graph or DependencyGraph(schedule)
     lowered = any(job.is_comm for jobs in schedule.ranks for job in jobs)
@@ -268,9 +274,12 @@ def execute(schedule: Schedule, graph: Optional[DependencyGraph] = None,
             peer_head = state.head[peer]
             if peer_head >= len(ranks[peer]) or tokens[peer][peer_head] != peer_token:
                 return False
+            # both ranks wait at the pair (rendezvous), then both are busy for the transfer
+            done = max(state.clock[rank], state.clock[peer], state.end[source]) + comm
+            state.clock[rank] = state.clock[peer] = done
             aid = arrivals.get((peer, source))
             if aid is not None:
-                state.end[aid] = 0.0
+                state.end[aid] = done
             state.head[peer] = peer_head + 1  # the pair completes: the peer's recv runs too
             if record is not None:
                 record((rank, ranks[rank][index]))
@@ -284,10 +293,18 @@ def execute(schedule: Schedule, graph: Optional[DependencyGraph] = None,
             record((rank, ranks[rank][index]))
         return True
 
-    on_run = None if record is None else (lambda rank, index, start, end:
-                                          record((rank, ranks[rank][index])))
-    state = walk(graph.key_ids, needs, [0.0] * (never + 1 + len(arrivals)),
-                 never + 1 + len(arrivals), other=other if has_other else None, on_run=on_run)
+    if record is not None:
+        timed_hook = on_run
+
+        def on_run(rank: int, index: int, start: float, end: float) -> None:
+            record((rank, ranks[rank][index]))
+            if timed_hook is not None:
+                timed_hook(rank, index, start, end)
+
+    num_ids = never + 1 + len(arrivals)
+    durations = [0.0] * num_ids if cost is None else list(cost) + [0.0] * (num_ids - len(cost))
+    state = walk(graph.key_ids, needs, durations, num_ids,
+                 other=other if has_other else None, on_run=on_run)
     return Execution(state, graph, arrivals)
 
 

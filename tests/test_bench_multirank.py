@@ -84,8 +84,10 @@ def test_simulated_times_are_the_simulators(report):
     from pipesplit.tools.bench_multirank import simulated_step
 
     schedules = []
+    assert report["comm_mode"] == "rendezvous"  # gloo transfers block both ranks
     for r in report["rows"]:
         costs = Costs.from_dict(report["costs"][str(r["vpp"])])
+        assert costs.rendezvous
         name = "auto" if r["schedule"].startswith("auto") else r["schedule"]
         config = PipelineConfig.from_attrs(name, dict(num_micro_batches=report["m"],
                                                       pp_degree=2, vpp_degree=r["vpp"],

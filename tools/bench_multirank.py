@@ -29,9 +29,13 @@ rank):
   steps each after a barrier; a step's time is the last rank's end minus the first rank's
   start (one system-wide monotonic clock); the table shows the median.
 
-``auto`` is the better (simulated) of ``auto`` on the 2-stage and on the 4-stage model with
-the profiled costs and its default memory limit.  Simulated step: the simulator's end of each
-rank's last job plus that rank's optimizer time, max over ranks.  One per-job overhead ``c``
+The costs carry ``comm_mode="rendezvous"`` (:data:`COMM_MODE`): a gloo transfer runs in the
+rank's one executor thread and blocks both ends, so the simulator times the lowered schedule
+with each send / recv pair starting when both ranks reach it and keeping both busy for
+``comm``; ``auto``'s search re-ranks its finalists under that model.  ``auto`` is the better
+(simulated, rendezvous) of ``auto`` on the 2-stage and on the 4-stage model with the profiled
+costs and its default memory limit.  Simulated step: the simulator's end of each rank's list
+(its last job or transfer) plus that rank's optimizer time, max over ranks.  One per-job overhead ``c``
 (ms, added to every compute job) is fitted by least squares over all schedules; the table
 shows measured / simulated before and after the fit and the rank order both ways, and each
 goal of issue 11 item 3 as ``met`` / ``MISSED``.  Every rank's losses are checked against an
@@ -68,6 +72,9 @@ ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_
                   "FLAGS_paddle_num_threads": "1", "FLAGS_new_executor_serial_run": "1",
                   "GLOG_minloglevel": "2"}
 COMM_ROUND_TRIPS = 20
+#: the simulator's comm model for this transport: gloo p2p in the rank's one executor thread
+#: blocks both ends (job_list.costs.Costs.comm_mode)
+COMM_MODE = "rendezvous"
 #: micro-batches of the profiling model (a job's time does not depend on m; fewer make the
 #: profiler's prerequisite plans shorter)
 PROFILE_M = 1
@@ -193,7 +200,7 @@ def profile_costs(args, ranks: Ranks, comm_ms: float, log):
     # rank 0's memory figures on every rank: both must build the same schedules (auto's search
     # reads w_memory), however the two measurements came out
     profile = Profile(times, both[0]["memory"], dict(own.meta, averaged_over_ranks=PP))
-    costs4 = dataclasses.replace(profile.costs, comm=round(comm_ms, 6))
+    costs4 = dataclasses.replace(profile.costs, comm=round(comm_ms, 6), comm_mode=COMM_MODE)
     costs2 = grouped_costs(costs4, 2)
     return costs4, costs2, float(times["optimizer"]), [p["times"] for p in both]
 
@@ -348,8 +355,7 @@ def simulated_step(schedule, costs, optimizer_ms: Sequence[float], c: float = 0.
     from pipesplit.job_list import simulate
 
     sim = simulate(schedule, with_overhead(costs, c))
-    ends = [max((t.end for t in row), default=0.0) for row in sim.timeline]
-    return max(e + o for e, o in zip(ends, optimizer_ms))
+    return max(e + o for e, o in zip(sim.rank_ends, optimizer_ms))
 
 
 def fit_overhead(measured: Sequence[float], simulate_at, lo: float, hi: float,
@@ -439,7 +445,8 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
     return {"model": f"build_gpt, {args.layers} blocks, hidden {args.hidden}, seq {args.seq_len}, "
                      f"micro-batch {args.micro_batch_size}, Adam",
             "pp": PP, "m": args.m, "steps": args.steps, "warmup": args.warmup,
-            "comm_ms": comm_ms, "optimizer_ms": optimizer_ms, "overhead_ms": c,
+            "comm_ms": comm_ms, "comm_mode": COMM_MODE, "optimizer_ms": optimizer_ms,
+            "overhead_ms": c,
             "costs": {str(v): costs.to_dict() for v, costs in costs_by_vpp.items()},
             "rank_profiles": rank_times,
             "baseline_losses": {str(stages): losses for stages, losses in references.items()},
@@ -477,7 +484,9 @@ def format_report(report: dict) -> str:
              f"{report['steps']} steps after {report['warmup']} warm-up, 2 processes x 1 thread",
              f"profiled in the same processes: comm {report['comm_ms']:.3f} ms, optimizer "
              f"{report['optimizer_ms']:.1f} ms (whole model); fitted per-job overhead c = "
-             f"{report['overhead_ms']:+.3f} ms"]
+             f"{report['overhead_ms']:+.3f} ms",
+             f"simulator comm model: {report.get('comm_mode', 'latency')} (simulated figures "
+             f"and auto's choice)"]
     head = ("schedule", "measured ms", "+/- ms", "simulated ms", "meas/sim", "sim+c ms",
             "meas/(sim+c)", "rank meas", "rank sim", "loss diff")
     body = [(r["schedule"], f"{r['measured_ms']:.1f}", f"{r['noise_ms']:.1f}",
