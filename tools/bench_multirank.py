@@ -26,7 +26,8 @@ rank):
   parameter elements each rank updates (Adam is elementwise);
 * **steps**: per schedule the rank's plan (``build_rank_plan``, costs given, so ``auto``
   searches with them and the comm lowering follows them), ``--warmup`` steps, then ``--steps``
-  steps each after a barrier; a step's time is the last rank's end minus the first rank's
+  steps each after a barrier, the schedules in turn (step i of every schedule before step
+  i + 1 of any, so a drift of the machine during the launch reaches all alike); a step's time is the last rank's end minus the first rank's
   start (one system-wide monotonic clock); the table shows the median.
 
 The costs carry ``comm_mode="rendezvous"`` (:data:`COMM_MODE`): a gloo transfer runs in the
@@ -52,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     # the script's folder would shadow modules (tools/profile.py the standard library's
@@ -242,38 +243,63 @@ def choose_auto_vpp(args, costs_by_vpp) -> int:
     return min(spans, key=lambda v: (spans[v], v))
 
 
-def time_schedule(args, ranks: Ranks, name: str, vpp: int, costs, log) -> dict:
-    """Run ``name`` on this rank: warm-up, then timed steps behind a barrier each."""
-    import numpy as np
+class ScheduleRun:
+    """One schedule's plan on this rank, ready to step (its own scope and runner)."""
 
-    from pipesplit.ir_utils import PlanRunner, init_scope
-    from pipesplit.ir_utils.p2p import PROGRESS_VAR
+    def __init__(self, args, name: str, vpp: int, costs, rank: int):
+        from pipesplit.ir_utils import PlanRunner, init_scope
 
-    import paddle
+        import paddle
 
-    model, pipeline = rank_plan(args, name, vpp, costs, ranks.rank)
-    info = pipeline.rank_info
-    place = paddle.CPUPlace()
-    scope = init_scope(model, pipeline.split, place)
-    runner = PlanRunner(pipeline.plan, scope, place, program=model.main)
-    spans, losses = [], []
-    for step in range(args.warmup + args.steps):
-        batch = model.make_batch(step)
-        feed = {k: v for k, v in batch.items() if k in info.feed_names}
-        scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
+        self.model, self.pipeline = rank_plan(args, name, vpp, costs, rank)
+        self.info = self.pipeline.rank_info
+        self.place = paddle.CPUPlace()
+        self.scope = init_scope(self.model, self.pipeline.split, self.place)
+        self.runner = PlanRunner(self.pipeline.plan, self.scope, self.place,
+                                 program=self.model.main)
+        self.spans, self.losses = [], []
+
+    def step(self, ranks: Ranks, step: int, timed: bool) -> None:
+        """One training step behind a barrier; its (start, end) kept when ``timed``."""
+        import numpy as np
+
+        from pipesplit.ir_utils.p2p import PROGRESS_VAR
+
+        batch = self.model.make_batch(step)
+        feed = {k: v for k, v in batch.items() if k in self.info.feed_names}
+        self.scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), self.place)
         ranks.barrier()
         t0 = time.monotonic()
-        out = runner.step(feed)
+        out = self.runner.step(feed)
         t1 = time.monotonic()
-        if step >= args.warmup:
-            spans.append((t0, t1))
-        if info.fetch_names:
-            losses.append([float(x) for x in out])
-    numel = int(sum(np.prod(scope.find_var(n).get_tensor().shape()) for n in info.param_names))
-    log(f"rank {ranks.rank}: {pipeline.schedule.name} vpp={vpp} "
-        f"median own step {statistics.median(b - a for a, b in spans) * 1e3:.1f} ms")
-    return {"spans": spans, "losses": losses if info.fetch_names else None, "numel": numel,
-            "name": pipeline.schedule.name, "schedule": pipeline.schedule}
+        if timed:
+            self.spans.append((t0, t1))
+        if self.info.fetch_names:
+            self.losses.append([float(x) for x in out])
+
+    def result(self) -> dict:
+        import numpy as np
+
+        numel = int(sum(np.prod(self.scope.find_var(n).get_tensor().shape())
+                        for n in self.info.param_names))
+        return {"spans": self.spans, "losses": self.losses if self.info.fetch_names else None,
+                "numel": numel, "name": self.pipeline.schedule.name,
+                "schedule": self.pipeline.schedule}
+
+
+def time_schedules(args, ranks: Ranks, plans: Sequence[Tuple[str, int, object]], log
+                   ) -> List[dict]:
+    """Every schedule of ``plans`` ((name, vpp, costs)) stepped in turn, step by step: step i
+    of every schedule runs before step i + 1 of any, so a drift of the machine's speed during
+    the launch reaches every schedule alike and the comparison stays paired."""
+    runs = [ScheduleRun(args, name, vpp, costs, ranks.rank) for name, vpp, costs in plans]
+    for step in range(args.warmup + args.steps):
+        for run in runs:
+            run.step(ranks, step, timed=step >= args.warmup)
+    for run in runs:
+        log(f"rank {ranks.rank}: {run.pipeline.schedule.name} median own step "
+            f"{statistics.median(b - a for a, b in run.spans) * 1e3:.1f} ms")
+    return [run.result() for run in runs]
 
 
 def baseline_losses(args, num_stages: int) -> List[List[float]]:
@@ -313,14 +339,14 @@ def worker(args) -> int:
     vpps = dict(SCHEDULES)
     vpps["auto"] = choose_auto_vpp(args, costs_by_vpp)
 
+    names = schedule_list(args)
+    plans = [(name, vpps[name], costs_by_vpp[vpps[name]]) for name in names]
     results = []
-    for name in schedule_list(args):
-        vpp = vpps[name]
-        own = time_schedule(args, ranks, name, vpp, costs_by_vpp[vpp], log)
+    for name, own in zip(names, time_schedules(args, ranks, plans, log)):
         gathered = ranks.all_gather({k: v for k, v in own.items() if k != "schedule"})
         steps = [max(g["spans"][i][1] for g in gathered) - min(g["spans"][i][0] for g in gathered)
                  for i in range(args.steps)]
-        results.append({"requested": name, "schedule_obj": own["schedule"], "vpp": vpp,
+        results.append({"requested": name, "schedule_obj": own["schedule"], "vpp": vpps[name],
                         "step_ms": [s * 1e3 for s in steps],
                         "losses": next(g["losses"] for g in gathered if g["losses"] is not None),
                         "numel": [g["numel"] for g in gathered]})
@@ -361,7 +387,8 @@ def simulated_step(schedule, costs, optimizer_ms: Sequence[float], c: float = 0.
 def fit_overhead(measured: Sequence[float], simulate_at, lo: float, hi: float,
                  points: int = 201, refine: int = 40) -> float:
     """The ``c`` in [lo, hi] minimizing sum((measured - simulate_at(c))**2): a grid scan, then
-    golden-section search around the best grid point."""
+    golden-section search around the best grid point (whichever of the two is lower: the
+    simulated step is piecewise linear in ``c``, so the refinement is not sure to improve)."""
     def loss(c):
         return sum((m - s) ** 2 for m, s in zip(measured, simulate_at(c)))
 
@@ -375,7 +402,7 @@ def fit_overhead(measured: Sequence[float], simulate_at, lo: float, hi: float,
             b = x2
         else:
             a = x1
-    return (a + b) / 2
+    return min((grid[best], (a + b) / 2), key=loss)
 
 
 def noise_ms(values: Sequence[float]) -> float:
@@ -420,7 +447,8 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
     smallest = min(min(v) for costs in costs_by_vpp.values()
                    for v in (costs.forward, costs.backward_b, costs.backward_w))
     biggest = max(max(costs_by_vpp[1].backward), 1.0)
-    c = fit_overhead([row["measured_ms"] for row in rows], simulate_all, -smallest, biggest)
+    bounds = (-smallest, biggest)
+    c = fit_overhead([row["measured_ms"] for row in rows], simulate_all, *bounds)
     for row, s0, s1 in zip(rows, simulate_all(0.0), simulate_all(c)):
         row.update(simulated_ms=s0, fitted_ms=s1, ratio=row["measured_ms"] / s0,
                    fitted_ratio=row["measured_ms"] / s1)
@@ -446,7 +474,7 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
                      f"micro-batch {args.micro_batch_size}, Adam",
             "pp": PP, "m": args.m, "steps": args.steps, "warmup": args.warmup,
             "comm_ms": comm_ms, "comm_mode": COMM_MODE, "optimizer_ms": optimizer_ms,
-            "overhead_ms": c,
+            "overhead_ms": c, "overhead_bounds_ms": list(bounds),
             "costs": {str(v): costs.to_dict() for v, costs in costs_by_vpp.items()},
             "rank_profiles": rank_times,
             "baseline_losses": {str(stages): losses for stages, losses in references.items()},
