@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from pipesplit.job_list.events import rank_peaks, serial_memory  # noqa: F401 (re-exported)
+from pipesplit.job_list.events import rank_peaks, serial_memory
 from pipesplit.job_list.ir import COMM_KINDS, COMPUTE_KINDS, parse_job_type
 from pipesplit.job_list.simulate import Costs
 
