@@ -20,11 +20,12 @@ micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
 from pipesplit.job_list.lower import lower_comm, peer_of
+from pipesplit.job_list.pipe import Pipe
 from pipesplit.job_list.validate import validate
 
 from ._paddle import require_supported_paddle
@@ -113,10 +114,11 @@ def localize_chunks(program, vpp: int) -> None:
                              f"has {op.name()} in chunk {c}")
 
 
-def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransfer]:
+def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[EngineTransfer]:
     """Replace (in place) each ``send_v2`` by a named output and each ``recv_v2`` by a named
     block input; return the transfers in program order, checked against ``schedule``'s
-    placement (``ValueError`` naming the stage, the ranks and the strategy field)."""
+    placement (``ValueError`` naming the stage, the ranks and the strategy field).  ``rank`` is
+    this process's pipeline rank in ``pipe``; the transfers' ends are processes."""
     block = program.global_block()
     placement = schedule.placement
     place = paddle.base.libpaddle.Place()
@@ -129,7 +131,8 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransf
         kind, chunk = _kind_of(op), op.chunk_id
         attrs = op.attrs()
         ring = (int(attrs["ring_id"]), _ring_ranks(int(attrs["ring_id"])))
-        peer = ring[1][int(attrs["peer"])]
+        peer_process = ring[1][int(attrs["peer"])]
+        peer = _pipeline_rank(pipe, peer_process, op.name(), kind, chunk)
         stage = placement.stage(rank, chunk)
         other = stage + 1 if kind in (SEND_FORWARD, RECV_BACKWARD) else stage - 1
         expected = placement.rank_of(other) if 0 <= other < schedule.num_stages else None
@@ -157,6 +160,7 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransf
             sink.op_role = op.op_role
             sink.set_int_attr("chunk_id", chunk)
             value_type, src, dst, src_stage, dst_stage = value.type(), rank, peer, stage, other
+            src, dst = pipe.process_of(src), pipe.process_of(dst)
         else:
             result = op.result(0)
             value_type = result.type()
@@ -165,6 +169,7 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransf
             kw.place_attr = place
             result.replace_all_uses_with(kw)
             src, dst, src_stage, dst_stage = peer, rank, other, stage
+            src, dst = pipe.process_of(src), pipe.process_of(dst)
         if any(int(s) < 0 for s in value_type.shape):
             raise ValueError(f"{op.name()} of {kind}{chunk} has a dynamic shape "
                              f"{list(value_type.shape)}; pipesplit's engine path needs the static "
@@ -175,6 +180,20 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule) -> List[EngineTransf
                                                         dst_stage, ring)))
     paddle.pir.set_insertion_point_to_block_end(block)
     return out
+
+
+def _pipeline_rank(pipe: Pipe, process: int, op_name: str, kind: str, chunk: int) -> int:
+    """The pipeline rank of the engine's p2p peer ``process``: it must be in this process's
+    pipeline (the neighbouring stage at the same dp / mp coordinate)."""
+    try:
+        return pipe.rank_of(process)
+    except ValueError:
+        raise ValueError(
+            f"the engine's program has a {op_name} ({kind}{chunk}) with process {process}, which "
+            f"is not in this process's pipeline {list(pipe.processes)} (the processes of each "
+            "stage mesh at this process's coordinate): the stage meshes must be the sub-meshes "
+            "of one global mesh along its 'pp' axis, activations resharded between them with "
+            "the same placements") from None
 
 
 def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, rank: int):
@@ -241,12 +260,20 @@ def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: 
                     add_event_dependency(comm_op, user, f"{t.name}_{job_type}")
 
 
-def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -> PipelinePlan:
-    """The plan of rank ``config.pp_stage`` from the engine's per-rank program (never
-    modified).  ``backend``: "gloo" (CPU: two ranks, broadcasts on ring 0) or "nccl"."""
+def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
+                           pipe: Optional[Pipe] = None) -> PipelinePlan:
+    """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
+    modified).  ``backend``: "gloo" (CPU: broadcasts on ring 0) or "nccl".  ``pipe``: this
+    process's pipeline (which process runs each pipeline rank; default one process per stage,
+    pipeline rank = process)."""
     rank = config.pp_stage
     if rank is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
+    pipe = pipe or Pipe.single_process_per_stage(config.pp_degree)
+    if pipe.pp != config.pp_degree:
+        raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
+                         f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
+    process = pipe.process_of(rank)
     schedule = make_schedule(config)
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)
@@ -254,7 +281,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
 
     def prepare(work):
         localize_chunks(work, config.vpp_degree)
-        found.extend(p2p_to_handoffs(work, rank, schedule))
+        found.extend(p2p_to_handoffs(work, rank, schedule, pipe))
 
     split, report = split_sub_programs(main_program, config, num_chunks=config.vpp_degree,
                                        accumulate=None, prepare=prepare, fetch_names=[],
@@ -271,12 +298,12 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
                 "exchanges values between pipeline ranks (e.g. ClipGradByGlobalNorm), which "
                 "pipesplit's CPU transport serves for two ranks only; use pp_degree=2 on CPU "
                 "or a CUDA build")
-        p2p_to_gloo_broadcasts(optimizer, rank, _ring_ranks)
+        p2p_to_gloo_broadcasts(optimizer, process, _ring_ranks)
     compute = dict(programs)
     for chunk in range(config.vpp_degree):
         for kind in COMM_KINDS:
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
-            programs[f"{kind}{chunk}"], comm_ops = build_comm_program(sel, rank, backend)
+            programs[f"{kind}{chunk}"], comm_ops = build_comm_program(sel, process, backend)
             if backend == "nccl":
                 add_stream_events(compute, sel, comm_ops, sending=kind.startswith("send"))
     job_order = []
@@ -284,11 +311,12 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str) -
         if job.kind == OPTIMIZER:
             continue
         if job.is_comm:
-            peers = {t.transfer.src if t.transfer.dst == rank else t.transfer.dst
+            peers = {t.transfer.src if t.transfer.dst == process else t.transfer.dst
                      for t in found if (t.kind, t.chunk) == (job.kind, job.chunk)}
-            if peers != {peer_of(schedule, rank, job)}:
+            expected = pipe.process_of(peer_of(schedule, rank, job))
+            if peers != {expected}:
                 raise AssertionError(f"{job.type}: program peers {peers} != lowering's "
-                                     f"{peer_of(schedule, rank, job)}")
+                                     f"{expected}")
         job_order.append((job.type, job.micro_batch))
     if backend == "gloo" and config.pp_degree > 2:  # every rank takes part in every transfer
         own_comm = [(t, mb, peer_of(schedule, rank, job)) for job, (t, mb) in

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pipesplit.job_list.pipe import Pipe, pipe_of
 from pipesplit.job_list.placement import V_SHAPE
 from pipesplit.job_list.registry import get_spec
 
@@ -61,14 +62,55 @@ def _single(x, what):
     return x
 
 
-def _pp_stage(pp_degree: int) -> Optional[int]:
+_PIPE = "_pipesplit_pipe"
+
+
+def record_pipe(dist_program, pipeline_strategy) -> Pipe:
+    """This process's pipeline (:class:`~pipesplit.job_list.pipe.Pipe`) from the stage meshes of
+    the engine's whole distributed program, kept beside the engine's strategy for its pipeline
+    pass: stage meshes may have any shape (dp, mp, ... axes), and a peer is the process of the
+    neighbouring stage at the same coordinate, never process +- 1."""
+    import paddle.distributed as dist
+    from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
+
+    meshes = get_sub_process_mesh_by_program(dist_program)
+    pp = int(pipeline_strategy.pp_degree)
+    if len(meshes) != pp:
+        raise ValueError(
+            f"strategy.pipeline.pp_degree is {pp}, but the model's layers are placed on "
+            f"{len(meshes)} stage mesh(es): " + ", ".join(
+                f"{list(m.process_ids)} {list(m.dim_names)}" for m in meshes)
+            + "; set pp_degree to the number of pipeline stage meshes")
+    pipe = pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
+    setattr(pipeline_strategy, _PIPE, pipe)
+    return pipe
+
+
+def pipe_from_strategy(pipeline_strategy) -> Pipe:
+    """The pipeline :func:`record_pipe` found when the engine completed the program."""
     import paddle.distributed as dist
 
-    if pp_degree <= 1 or dist.get_world_size() <= 1:
-        return None  # one process: emulate every rank
-    from paddle.distributed.auto_parallel.static.utils import get_pp_stage_by_pp_degree
+    pipe = getattr(pipeline_strategy, _PIPE, None)
+    if pipe is not None:
+        return pipe
+    pp = int(pipeline_strategy.pp_degree)
+    if dist.get_world_size() == pp:  # one process per stage
+        return Pipe.single_process_per_stage(pp)
+    raise ValueError("pipesplit did not see the engine's stage meshes (call "
+                     "pipesplit.passes.strategy.enable_strategy() before dist.to_static)")
 
-    return get_pp_stage_by_pp_degree(pp_degree)
+
+def _pp_stage(pipeline_strategy) -> Optional[int]:
+    import paddle.distributed as dist
+
+    pp = int(pipeline_strategy.pp_degree)
+    if pp <= 1 or dist.get_world_size() <= 1:
+        return None  # one process: emulate every rank
+    if getattr(pipeline_strategy, _PIPE, None) is None:
+        # a whole-model program outside the engine: Paddle's rule (pp the outermost mesh axis)
+        from paddle.distributed.auto_parallel.static.utils import get_pp_stage_by_pp_degree
+        return get_pp_stage_by_pp_degree(pp)
+    return pipe_from_strategy(pipeline_strategy).rank_of(dist.get_rank())
 
 
 def requested_schedule(pipeline_strategy) -> str:
@@ -82,7 +124,7 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
     attrs = dict(num_micro_batches=int(pipeline_strategy.accumulate_steps),
                  pp_degree=pp, vpp_degree=int(pipeline_strategy.vpp_degree),
                  split_backward=bool(pipeline_strategy.split_backward),
-                 pp_stage=_pp_stage(pp) if pp_stage == "auto" else pp_stage)
+                 pp_stage=_pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage)
     try:
         return PipelineConfig.from_attrs(requested_schedule(pipeline_strategy), attrs)
     except ValueError as e:
@@ -126,7 +168,7 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
         if config.pp_stage is None:
             raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
         backend = "gloo" if resolve_device("auto") == "cpu" else "nccl"
-        _last = build_engine_rank_plan(main, config, backend)
+        _last = build_engine_rank_plan(main, config, backend, pipe_from_strategy(pipeline_strategy))
     else:
         _last = split_and_schedule(main, _single(dense_startup_program, ""), config)
     return _last.plan
@@ -159,7 +201,10 @@ def _complete_chunk_id(original):
     (:func:`assign_v_placement` first); meshes that already follow the schedule's placement
     (:func:`pipesplit.passes.engine.block_meshes`) are kept, with chunk = stage // pp."""
     def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
-        if not pipeline_strategy.enable or int(pipeline_strategy.vpp_degree) < 2:
+        if not pipeline_strategy.enable:
+            return None
+        record_pipe(dist_program, pipeline_strategy)
+        if int(pipeline_strategy.vpp_degree) < 2:
             return None
         if get_spec(requested_schedule(pipeline_strategy)).placement == V_SHAPE:
             assign_v_placement(dist_program, pipeline_strategy)
@@ -167,38 +212,61 @@ def _complete_chunk_id(original):
     return complete_chunk_id
 
 
-def _replicated(dist_attr) -> bool:
-    return dist_attr is not None and all(d == -1 for d in dist_attr.dims_mapping) \
-        and not dist_attr.partial_dims
+def _stage_move(op) -> bool:
+    """A ``dist_op.reshard`` that only moves a value to another mesh of the same shape with the
+    same placements: a boundary between pipeline stages (any number of mesh axes)."""
+    src, dst = op.operand_source(0).dist_attr(), op.result(0).dist_attr()
+    if src is None or dst is None:
+        return False
+    return list(src.process_mesh.shape) == list(dst.process_mesh.shape) \
+        and list(src.dims_mapping) == list(dst.dims_mapping) \
+        and set(src.partial_dims) == set(dst.partial_dims) \
+        and list(src.process_mesh.process_ids) != list(dst.process_mesh.process_ids)
 
 
 def _drop_stage_reshards(dist_program) -> None:
-    """Bypass (in place) every ``dist_op.reshard`` that only moves a replicated value to
-    another mesh: the user's ``dist.reshard`` between pipeline stages in model order."""
+    """Bypass (in place) every reshard between pipeline stages (:func:`_stage_move`): the
+    user's ``dist.reshard`` between stages in model order."""
     for op in list(dist_program.global_block().ops):
-        if op.name() != "dist_op.reshard":
-            continue
-        src = op.operand_source(0)
-        if _replicated(src.dist_attr()) and _replicated(op.result(0).dist_attr()):
-            op.result(0).replace_all_uses_with(src)
+        if op.name() == "dist_op.reshard" and _stage_move(op):
+            op.result(0).replace_all_uses_with(op.operand_source(0))
             op.erase()
 
 
-def _describe_stage_reshard(out, src, dst, chunk: int) -> None:
-    """Give a stage-boundary reshard the dist attributes the engine's own ``dist.reshard``
-    between two meshes has (mesh = both meshes' processes; setting its consumer's mesh
-    rewrote them): replicated on ``src`` in, on ``dst`` out, in the consumer's chunk (on the
-    V placement both sides of a boundary between ranks have the same chunk)."""
+def _describe_stage_reshard(out, src_attr, src_mesh, dst_mesh, chunk: int) -> None:
+    """Give a stage-boundary reshard the dist attributes Paddle's own ``dist.reshard`` between
+    two meshes has (setting its consumer's mesh rewrote them): the op on a flat mesh of both
+    meshes' processes, the value with its placements on the source mesh in and on ``dst_mesh``
+    out, in the consumer's chunk (on the V placement both sides of a boundary between ranks
+    have the same chunk).  ``src_attr``: the value's attributes before its producer moved to
+    ``src_mesh``."""
     import paddle
     from paddle.base.libpaddle.pir import create_op_dist_attribute, create_tensor_dist_attribute
 
-    op = out.get_defining_op()
-    dims = [-1] * len(out.shape)
-    both = paddle.distributed.ProcessMesh(list(src.process_ids) + list(dst.process_ids),
-                                          dim_names=list(src.dim_names))
-    op.dist_attr = create_op_dist_attribute(
-        both, [create_tensor_dist_attribute(src, dims, {})],
-        [create_tensor_dist_attribute(dst, dims, {})], chunk)
+    dims, partial = list(src_attr.dims_mapping), dict(src_attr.partial_status)
+    both = paddle.distributed.ProcessMesh(list(src_mesh.process_ids)
+                                          + list(dst_mesh.process_ids))
+    out.get_defining_op().dist_attr = create_op_dist_attribute(
+        both, [create_tensor_dist_attribute(src_mesh, dims, partial)],
+        [create_tensor_dist_attribute(dst_mesh, dims, partial)], chunk)
+
+
+def _blocks_in_model_order(ops, seg_method, meshes) -> bool:
+    """True when the blocks' stage meshes never go back to an earlier stage (Paddle's rule for
+    "place the blocks for me"), judged by the stage meshes' order, whatever their axes."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
+
+    last = -1
+    for op in ops:
+        if op.dist_attr is None or _extract_seg_method(op, seg_method) is None:
+            continue
+        mesh = op.dist_attr.process_mesh
+        if mesh in meshes:
+            stage = meshes.index(mesh)
+            if stage < last:
+                return False
+            last = stage
+    return True
 
 
 def assign_v_placement(dist_program, pipeline_strategy) -> bool:
@@ -210,8 +278,7 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
     non-monotonic (custom) meshes, keeps them and sets chunk = s // pp.  Returns False (and
     changes nothing) when the meshes are not in model order (the user placed them)."""
     from paddle.distributed.auto_parallel.static.pir_pass import (
-        _analyze_use_custom_mesh, _extract_seg_method, _get_seg_struct_names,
-        _set_process_mesh_and_chunk_id)
+        _extract_seg_method, _get_seg_struct_names, _set_process_mesh_and_chunk_id)
     from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
     import paddle
     from pipesplit.job_list.placement import Placement
@@ -222,14 +289,14 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
         raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
                          f"(vpp_degree={vpp})")
     ops = dist_program.global_block().ops
-    if not _analyze_use_custom_mesh(ops, seg_method, pp):
+    meshes = get_sub_process_mesh_by_program(dist_program)
+    if not _blocks_in_model_order(ops, seg_method, meshes):
         return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
     segments = _get_seg_struct_names(ops, seg_method)
     stages = pp * vpp
     if len(segments) % stages:
         raise ValueError(f"strategy.pipeline: {len(segments)} {seg_method} blocks cannot be "
                          f"split evenly over pp_degree x vpp_degree = {stages} stages")
-    meshes = get_sub_process_mesh_by_program(dist_program)
     placement = Placement(V_SHAPE, pp, vpp)
     index = {name: i for i, name in enumerate(segments)}
     _drop_stage_reshards(dist_program)  # the model-order boundaries; new ones follow
@@ -240,8 +307,9 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
         name = _extract_seg_method(op, seg_method)
         if name is not None:
             seg = index[name]
-        if op.dist_attr is None or op.name() in ("dist_op.reshard", "builtin.parameter"):
-            continue
+        if op.dist_attr is None or op.name() in ("dist_op.reshard", "builtin.parameter") \
+                or op.dist_attr.process_mesh not in meshes:
+            continue  # (ops on the global mesh, e.g. a mask every stage reads, stay there)
         stage = seg * stages // len(segments)
         target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp)
     # an activation crossing to another mesh gets a reshard (the engine's partition turns it
@@ -259,17 +327,17 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
             key = (value.id, mesh.process_ids[0])
             if key not in moved:  # right after the producer: between the two blocks
                 paddle.pir.set_insertion_point_after(producer)
-                out = paddle.distributed.reshard(
-                    value, mesh, [paddle.distributed.Replicate()] * mesh.ndim)
-                moved[key] = (out, target[producer.id()][0], mesh, chunk)
+                src_attr = value.dist_attr()
+                out = paddle.distributed.reshard(value, mesh, src_attr.placements)
+                moved[key] = (out, src_attr, target[producer.id()][0], mesh, chunk)
             op.operand(i).set_source(moved[key][0])
     for op in dist_program.global_block().ops:
         if op.id() in target:
             mesh, chunk = target[op.id()]
             _set_process_mesh_and_chunk_id(op, mesh, chunk, set_input_mesh=True,
                                            set_output_mesh=True)
-    for out, src, dst, chunk in moved.values():
-        _describe_stage_reshard(out, src, dst, chunk)
+    for out, src_attr, src, dst, chunk in moved.values():
+        _describe_stage_reshard(out, src_attr, src, dst, chunk)
     paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
     return True
 
