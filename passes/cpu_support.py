@@ -56,12 +56,23 @@ def _instantiate_gloo(group) -> None:
 
 
 def _moves_between_meshes(tensor, dist_attr) -> bool:
-    """A replicated tensor going to another process mesh (a parameter whose stage moved to
-    another rank, as the engine's chunk completion does for VPP)."""
+    """A tensor going to another process mesh of the same shape with the same placements (a
+    parameter whose stage moved to another rank, as chunk completion does for vpp > 1)."""
     src, dst = tensor.process_mesh, dist_attr.process_mesh
-    return src.process_ids != dst.process_ids and all(
-        isinstance(p, paddle.distributed.Replicate) for p in tensor.placements) and all(
-        d == -1 for d in dist_attr.dims_mapping)
+    return src.process_ids != dst.process_ids and list(src.shape) == list(dst.shape) \
+        and _dims_mapping(tensor.placements, len(tensor.shape)) == list(dist_attr.dims_mapping) \
+        and not dist_attr._is_partial()
+
+
+def _dims_mapping(placements, ndim):
+    """The dims mapping of ``placements`` (None when a placement is partial)."""
+    mapping = [-1] * ndim
+    for axis, placement in enumerate(placements):
+        if placement.is_partial():
+            return None
+        if placement.is_shard():
+            mapping[placement.get_dim()] = axis
+    return mapping
 
 
 def _reshard(original):
@@ -90,17 +101,32 @@ def _move_between_meshes(tensor, dist_attr):
 
 
 def _broadcast_to_mesh(tensor, dist_attr):
+    """Position k of the source mesh sends its local piece to position k of the target mesh:
+    one broadcast over the world group per position, every rank taking part in each."""
     from paddle.distributed.auto_parallel.api import dtensor_from_local
 
     rank = paddle.distributed.get_rank()
-    root = tensor.process_mesh.process_ids[0]
-    local = tensor._local_value()
-    buf = local.clone() if rank == root else paddle.zeros(tensor.shape, tensor.dtype)
-    paddle.distributed.broadcast(buf, src=root)
-    mesh = dist_attr.process_mesh
-    if rank not in mesh.process_ids:
+    src, dst = tensor.process_mesh.process_ids, dist_attr.process_mesh.process_ids
+    shape = _local_shape(tensor.shape, dist_attr)
+    mine = None
+    for root, receiver in zip(src, dst):
+        buf = tensor._local_value().clone() if rank == root else paddle.zeros(shape, tensor.dtype)
+        paddle.distributed.broadcast(buf, src=root)
+        if rank == receiver:
+            mine = buf
+    if mine is None:
         return paddle.Tensor()
-    return dtensor_from_local(buf, mesh, [paddle.distributed.Replicate()] * mesh.ndim)
+    return dtensor_from_local(mine, dist_attr.process_mesh, tensor.placements)
+
+
+def _local_shape(shape, dist_attr):
+    """Each rank's piece of a tensor of global ``shape`` sharded by ``dist_attr`` (even split)."""
+    local = list(shape)
+    mesh_shape = dist_attr.process_mesh.shape
+    for dim, axis in enumerate(dist_attr.dims_mapping):
+        if axis >= 0:
+            local[dim] //= mesh_shape[axis]
+    return local
 
 
 def _barrier(original):

@@ -196,19 +196,30 @@ def _engine_init(original):
 
 def _complete_chunk_id(original):
     """Paddle's chunk completion, asked with ``schedule_mode="VPP"``; nothing to do for one
-    chunk per rank.  Stage meshes in model order are assigned round-robin for looped
-    schedules (Paddle's own rule) and in V order for V-placed ones
-    (:func:`assign_v_placement` first); meshes that already follow the schedule's placement
-    (:func:`pipesplit.passes.engine.block_meshes`) are kept, with chunk = stage // pp."""
+    chunk per rank.  Blocks on stage meshes in model order are first given the meshes of the
+    schedule's placement (:func:`assign_placement`, looped or V); meshes that already follow
+    it (:func:`pipesplit.passes.engine.block_meshes`) are kept.  Paddle's completion then sets
+    chunk = stage // pp, told each mesh's pipeline stage by its place among the stage meshes
+    (its own rule, rank // (world / pp), holds only when pp is the outermost mesh axis)."""
     def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
         if not pipeline_strategy.enable:
             return None
         record_pipe(dist_program, pipeline_strategy)
         if int(pipeline_strategy.vpp_degree) < 2:
             return None
-        if get_spec(requested_schedule(pipeline_strategy)).placement == V_SHAPE:
-            assign_v_placement(dist_program, pipeline_strategy)
-        return original(dist_program, startup_program, pipeline_strategy)
+        from paddle.distributed.auto_parallel.static import pir_pass
+        from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
+
+        meshes = get_sub_process_mesh_by_program(dist_program)
+        assign_placement(dist_program, pipeline_strategy,
+                         get_spec(requested_schedule(pipeline_strategy)).placement)
+        by_rank = pir_pass.get_pp_stage_by_process_mesh
+        pir_pass.get_pp_stage_by_process_mesh = \
+            lambda mesh, pp: meshes.index(mesh) if mesh in meshes else None
+        try:
+            return original(dist_program, startup_program, pipeline_strategy)
+        finally:
+            pir_pass.get_pp_stage_by_process_mesh = by_rank
     return complete_chunk_id
 
 
@@ -269,14 +280,21 @@ def _blocks_in_model_order(ops, seg_method, meshes) -> bool:
     return True
 
 
-def assign_v_placement(dist_program, pipeline_strategy) -> bool:
+#: ops that keep their mesh: reshards (re-made where needed), parameters (they move with their
+#: readers) and data (fed on the meshes the user's loader names)
+_STAY = ("dist_op.reshard", "builtin.parameter", "pd_op.data")
+
+
+def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
     """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
-    (non-decreasing) the meshes of the V placement, in place: block i of L goes to virtual
-    stage s = i * pp*vpp // L, on rank r with s = c*pp + r for even chunks c and
-    s = c*pp + pp-1-r for odd ones; ops before the first block go with it, ops after the last
-    (final norm, head, loss) with the last.  Paddle's ``complete_chunk_id`` then finds
-    non-monotonic (custom) meshes, keeps them and sets chunk = s // pp.  Returns False (and
-    changes nothing) when the meshes are not in model order (the user placed them)."""
+    (non-decreasing) the meshes of the ``kind`` placement (looped or V), in place: block i of
+    L goes to virtual stage s = i * pp*vpp // L and its rank (looped: s = c*pp + r; V: the
+    same for even chunks c, s = c*pp + pp-1-r for odd ones); ops before the first block go
+    with it, ops after the last (final norm, head, loss) with the last; ops on a mesh of every
+    stage (a mask or position ids each layer reads) stay there, each layer's reshard from them
+    following the layer.  Paddle's ``complete_chunk_id`` then finds non-monotonic (custom)
+    meshes, keeps them and sets chunk = s // pp.  Returns False (and changes nothing) when
+    the meshes are not in model order (the user placed them)."""
     from paddle.distributed.auto_parallel.static.pir_pass import (
         _extract_seg_method, _get_seg_struct_names, _set_process_mesh_and_chunk_id)
     from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
@@ -297,7 +315,7 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
     if len(segments) % stages:
         raise ValueError(f"strategy.pipeline: {len(segments)} {seg_method} blocks cannot be "
                          f"split evenly over pp_degree x vpp_degree = {stages} stages")
-    placement = Placement(V_SHAPE, pp, vpp)
+    placement = Placement(kind, pp, vpp)
     index = {name: i for i, name in enumerate(segments)}
     _drop_stage_reshards(dist_program)  # the model-order boundaries; new ones follow
     ops = dist_program.global_block().ops
@@ -307,7 +325,7 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
         name = _extract_seg_method(op, seg_method)
         if name is not None:
             seg = index[name]
-        if op.dist_attr is None or op.name() in ("dist_op.reshard", "builtin.parameter") \
+        if op.dist_attr is None or op.name() in _STAY \
                 or op.dist_attr.process_mesh not in meshes:
             continue  # (ops on the global mesh, e.g. a mask every stage reads, stay there)
         stage = seg * stages // len(segments)
@@ -321,6 +339,9 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
         mesh, chunk = target[op.id()]
         for i, value in enumerate(op.operands_source()):
             producer = value.get_defining_op() if value.initialized() else None
+            if producer is not None and producer.name() == "dist_op.reshard":
+                _follow_reshard(op, i, producer, mesh, meshes)
+                continue
             if producer is None or producer.id() not in target \
                     or target[producer.id()][0] == mesh:
                 continue
@@ -329,6 +350,7 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
                 paddle.pir.set_insertion_point_after(producer)
                 src_attr = value.dist_attr()
                 out = paddle.distributed.reshard(value, mesh, src_attr.placements)
+                out.get_defining_op().op_role = producer.op_role
                 moved[key] = (out, src_attr, target[producer.id()][0], mesh, chunk)
             op.operand(i).set_source(moved[key][0])
     for op in dist_program.global_block().ops:
@@ -340,6 +362,23 @@ def assign_v_placement(dist_program, pipeline_strategy) -> bool:
         _describe_stage_reshard(out, src_attr, src, dst, chunk)
     paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
     return True
+
+
+def _follow_reshard(op, index, reshard, mesh, meshes) -> None:
+    """``op`` reads a value resharded from a mesh of every stage (e.g. the mask each layer
+    reads) onto a stage mesh; ``op`` moves to ``mesh``: it reads its own reshard onto ``mesh``
+    (a reshard may be shared with layers that stay)."""
+    import paddle
+
+    source = reshard.operand_source(0)
+    result = reshard.result(0)
+    if source.dist_attr() is None or source.dist_attr().process_mesh in meshes \
+            or result.dist_attr().process_mesh == mesh:
+        return
+    paddle.pir.set_insertion_point_after(reshard)
+    own = paddle.distributed.reshard(source, mesh, result.dist_attr().placements)
+    own.get_defining_op().op_role = reshard.op_role
+    op.operand(index).set_source(own)
 
 
 def _check_chunk_id(original):
