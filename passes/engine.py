@@ -31,6 +31,7 @@ from pipesplit.job_list.validate import validate
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
 from .core import PipelinePlan, make_schedule, split_sub_programs
+from .hybrid import hybrid_world_ring
 from .per_rank import world_ring_order
 
 paddle = require_supported_paddle()
@@ -260,36 +261,13 @@ def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: 
                     add_event_dependency(comm_op, user, f"{t.name}_{job_type}")
 
 
-def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
-                           pipe: Optional[Pipe] = None) -> PipelinePlan:
-    """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
-    modified).  ``backend``: "gloo" (CPU: broadcasts on ring 0) or "nccl".  ``pipe``: this
-    process's pipeline (which process runs each pipeline rank; default one process per stage,
-    pipeline rank = process)."""
+def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backend):
+    """One process per stage (CPU: broadcasts on ring 0, every rank joining every transfer
+    beyond two ranks) or NCCL (the engine's rings): comm programs into ``programs``; returns
+    the job order without the optimizer."""
     rank = config.pp_stage
-    if rank is None:
-        raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
-    pipe = pipe or Pipe.single_process_per_stage(config.pp_degree)
-    if pipe.pp != config.pp_degree:
-        raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
-                         f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
     process = pipe.process_of(rank)
-    schedule = make_schedule(config)
-    lowered = lower_comm(schedule, config.costs)
-    validate(lowered)
-    found: List[EngineTransfer] = []
-
-    def prepare(work):
-        localize_chunks(work, config.vpp_degree)
-        found.extend(p2p_to_handoffs(work, rank, schedule, pipe))
-
-    split, report = split_sub_programs(main_program, config, num_chunks=config.vpp_degree,
-                                       accumulate=None, prepare=prepare, fetch_names=[],
-                                       schedule=schedule)
-    _check_against_schedule(found, lowered, rank)
-    programs = dict(split.programs)
     optimizer = programs[OPTIMIZER]
-    clip_the_average(optimizer, config.num_micro_batches)
     if backend == "gloo":  # the optimizer job runs last on every rank: its exchanges match
         if config.pp_degree > 2 and any(op.name() in P2P_OPS
                                         for op in optimizer.global_block().ops):
@@ -324,6 +302,44 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
         job_order, _, _ = world_ring_order(schedule, config, rank,
                                            world_transfers(found, schedule, rank),
                                            job_order, own_comm, programs, progress=False)
+    return job_order
+
+
+def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
+                           pipe: Optional[Pipe] = None) -> PipelinePlan:
+    """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
+    modified).  ``backend``: "gloo" (CPU: broadcasts on ring 0) or "nccl".  ``pipe``: this
+    process's pipeline (which process runs each pipeline rank; default one process per stage,
+    pipeline rank = process)."""
+    rank = config.pp_stage
+    if rank is None:
+        raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
+    pipe = pipe or Pipe.single_process_per_stage(config.pp_degree)
+    if pipe.pp != config.pp_degree:
+        raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
+                         f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
+    process = pipe.process_of(rank)
+    schedule = make_schedule(config)
+    lowered = lower_comm(schedule, config.costs)
+    validate(lowered)
+    found: List[EngineTransfer] = []
+
+    def prepare(work):
+        localize_chunks(work, config.vpp_degree)
+        found.extend(p2p_to_handoffs(work, rank, schedule, pipe))
+
+    split, report = split_sub_programs(main_program, config, num_chunks=config.vpp_degree,
+                                       accumulate=None, prepare=prepare, fetch_names=[],
+                                       schedule=schedule)
+    _check_against_schedule(found, lowered, rank)
+    programs = dict(split.programs)
+    optimizer = programs[OPTIMIZER]
+    clip_the_average(optimizer, config.num_micro_batches)
+    if backend == "gloo" and paddle.distributed.get_world_size() > config.pp_degree:
+        job_order = hybrid_world_ring(programs, found, lowered, config, pipe)
+    else:
+        job_order = _pipeline_transport(programs, found, schedule, lowered, config, pipe,
+                                        backend)
     job_order.append((OPTIMIZER, 0))
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     plan = make_plan(job_order, used, config.num_micro_batches)

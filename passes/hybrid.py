@@ -1,0 +1,143 @@
+"""The CPU transport of hybrid meshes (dp / mp beside pp): every collective on the world ring.
+
+On a CPU build one process can use one communicator (see :mod:`pipesplit.ir_utils.world_ring`),
+so with data or tensor parallelism beside the pipeline every collective of every job becomes a
+world gather that every process issues at the same point.  The step runs in lockstep: the
+processes follow one global order of every pipeline rank's jobs
+(:func:`pipesplit.job_list.lower.global_order`, the lowering's own), each running its own jobs
+and a *bystander* job for every job of another stage that gathers; the optimizers, which differ
+between stages, interleave their gathers inside one program.  All replicas of a stage (its dp /
+mp peers) run the same jobs at the same time, so one gather serves all of them.  Removing the
+bystander jobs gives the GPU path's job order.  Shapes of other stages' gathers come through the
+launcher's TCP store.
+"""
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Tuple
+
+from pipesplit.job_list import OPTIMIZER, Schedule
+from pipesplit.job_list.ir import COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
+from pipesplit.job_list.lower import global_order, peer_of
+from pipesplit.job_list.pipe import Pipe
+
+from ._paddle import require_supported_paddle
+from .config import PipelineConfig
+
+paddle = require_supported_paddle()
+
+from pipesplit.ir_utils.world_ring import (bystander_program, collective_sequence,  # noqa: E402
+                                           emulate_group_collectives, emulate_with_bystanders,
+                                           merge_sequences, world_comm_program)
+
+BYSTANDER = "bystander"
+_round = [0]  # per process: every process calls the pass the same number of times
+
+
+def bystander_type(rank: int, job_type: str) -> str:
+    """Job type of the bystander of pipeline rank ``rank``'s job ``job_type``."""
+    return f"{BYSTANDER}_{rank}_{job_type}"
+
+
+def _ring_ranks(ring_id: int) -> Tuple[int, ...]:
+    from paddle.distributed.auto_parallel.static.process_group import get_process_group
+
+    group = get_process_group(ring_id)
+    if group is None:
+        raise ValueError(f"the engine program uses ring {ring_id}, which has no process group")
+    return tuple(group.ranks)
+
+
+def _within_stage(pipe: Pipe, process: int):
+    """``group_ranks`` for the compute jobs: a group must not span pipeline stages."""
+    def group_ranks(ring_id: int):
+        members = _ring_ranks(ring_id)
+        others = set(members) & set(pipe.processes) - {process}
+        if others:
+            raise ValueError(f"the engine program has a collective on ring {ring_id} (processes "
+                             f"{list(members)}) that spans pipeline stages (processes "
+                             f"{sorted(others)} run other stages of this pipeline); pipesplit's "
+                             "CPU transport serves dp / mp groups within one stage")
+        return members
+    return group_ranks
+
+
+def _exchange(payload: dict, pipe: Pipe) -> Dict[int, dict]:
+    """Every pipeline rank's ``payload`` (as its process in this pipeline published it)."""
+    store = paddle.base.core.create_or_get_global_tcp_store()
+    key = f"pipesplit/hybrid/{_round[0]}"
+    _round[0] += 1
+    me = paddle.distributed.get_rank()
+    store.set(f"{key}/{me}", json.dumps(payload).encode())
+    return {r: json.loads(bytes(store.get(f"{key}/{p}")).decode())
+            for r, p in enumerate(pipe.processes)}
+
+
+def _as_gathers(signature) -> List[Tuple[Tuple[int, ...], str]]:
+    return [(tuple(shape), dtype) for shape, dtype in signature]
+
+
+def lockstep_order(lowered: Schedule, rank: int, gathers: Dict[int, Dict[str, list]]
+                   ) -> List[Tuple[str, int]]:
+    """This pipeline rank's jobs in the global order, with a bystander job wherever another
+    rank runs a job that gathers (``gathers[r][job type]`` non-empty); a send and its recv
+    share their gathers, so neither end bystands the other."""
+    order, own = [], []
+    for who, job in global_order(lowered):
+        if job.kind == OPTIMIZER:
+            continue
+        if who == rank:
+            order.append((job.type, job.micro_batch))
+            own.append((job.type, job.micro_batch))
+        elif job.kind in (RECV_FORWARD, RECV_BACKWARD):
+            continue  # its gathers were issued with its send
+        elif job.kind in (SEND_FORWARD, SEND_BACKWARD) and peer_of(lowered, who, job) == rank:
+            continue  # this rank's recv comes next
+        elif gathers[who].get(job.type):
+            order.append((bystander_type(who, job.type), job.micro_batch))
+    expected = [(j.type, j.micro_batch) for j in lowered.ranks[rank] if j.kind != OPTIMIZER]
+    if own != expected:
+        raise AssertionError(f"rank {rank}: the global order's own jobs differ from the lowered "
+                             "list")
+    return order
+
+
+def _optimizer_plan(merged, rank: int):
+    """The optimizer's gathers on ``rank``: its own, and the others' as bystander gathers."""
+    return [("own", None) if rank in (owner, peer) else ("bystander", gather)
+            for owner, peer, gather in merged]
+
+
+def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: PipelineConfig,
+                      pipe: Pipe) -> List[Tuple[str, int]]:
+    """Rewrite ``programs`` (in place) for the CPU world ring, add the comm and bystander
+    programs; returns the job order without the optimizer.  ``found``: this rank's
+    :class:`~pipesplit.passes.engine.EngineTransfer` list."""
+    world = paddle.distributed.get_world_size()
+    rank = config.pp_stage
+    process = pipe.process_of(rank)
+    gathers: Dict[str, list] = {}
+    for job_type, program in programs.items():
+        if job_type != OPTIMIZER:
+            gathers[job_type] = emulate_group_collectives(program, process, world,
+                                                          _within_stage(pipe, process))
+    for chunk in range(config.vpp_degree):
+        for kind in COMM_KINDS:
+            sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
+            programs[f"{kind}{chunk}"], gathers[f"{kind}{chunk}"] = \
+                world_comm_program(sel, process, world)
+    optimizer = programs[OPTIMIZER]
+    sequence = [(kind, None if peer is None else pipe.rank_of(peer), gather)
+                for kind, peer, gather in collective_sequence(optimizer, _ring_ranks)]
+    everyone = _exchange({"jobs": gathers, "optimizer": sequence}, pipe)
+    jobs = {r: {t: _as_gathers(sig) for t, sig in p["jobs"].items()} for r, p in everyone.items()}
+    order = lockstep_order(lowered, rank, jobs)
+    for job_type, _ in order:
+        if job_type.startswith(BYSTANDER) and job_type not in programs:
+            _, who, own_type = job_type.split("_", 2)
+            programs[job_type] = bystander_program(jobs[int(who)][own_type], world)
+    merged = merge_sequences({r: [(k, peer, (tuple(g[0]), g[1])) for k, peer, g in p["optimizer"]]
+                              for r, p in everyone.items()})
+    emulate_with_bystanders(optimizer, process, world, _ring_ranks,
+                            _optimizer_plan(merged, rank))
+    return order
