@@ -244,22 +244,23 @@ def _drop_stage_reshards(dist_program) -> None:
             op.erase()
 
 
-def _describe_stage_reshard(out, src_attr, src_mesh, dst_mesh, chunk: int) -> None:
-    """Give a stage-boundary reshard the dist attributes Paddle's own ``dist.reshard`` between
-    two meshes has (setting its consumer's mesh rewrote them): the op on a flat mesh of both
-    meshes' processes, the value with its placements on the source mesh in and on ``dst_mesh``
-    out, in the consumer's chunk (on the V placement both sides of a boundary between ranks
-    have the same chunk).  ``src_attr``: the value's attributes before its producer moved to
-    ``src_mesh``."""
+def _describe_stage_reshard(out, src_attr, src_mesh, dst_mesh, chunk: int, dst_attr) -> None:
+    """Give a reshard made while blocks move the dist attributes Paddle's own ``dist.reshard``
+    has (setting its consumer's mesh rewrote them): the value with its placements
+    (``src_attr``: before its producer moved to ``src_mesh``) in, with ``dst_attr``'s placements
+    on ``dst_mesh`` out; the op on ``src_mesh`` if both meshes are one, else on a flat mesh of
+    both meshes' processes; in the consumer's chunk (on the V placement both sides of a
+    boundary between ranks have the same chunk)."""
     import paddle
     from paddle.base.libpaddle.pir import create_op_dist_attribute, create_tensor_dist_attribute
 
-    dims, partial = list(src_attr.dims_mapping), dict(src_attr.partial_status)
-    both = paddle.distributed.ProcessMesh(list(src_mesh.process_ids)
-                                          + list(dst_mesh.process_ids))
+    op_mesh = src_mesh if src_mesh == dst_mesh else paddle.distributed.ProcessMesh(
+        list(src_mesh.process_ids) + list(dst_mesh.process_ids))
     out.get_defining_op().dist_attr = create_op_dist_attribute(
-        both, [create_tensor_dist_attribute(src_mesh, dims, partial)],
-        [create_tensor_dist_attribute(dst_mesh, dims, partial)], chunk)
+        op_mesh, [create_tensor_dist_attribute(src_mesh, list(src_attr.dims_mapping),
+                                               dict(src_attr.partial_status))],
+        [create_tensor_dist_attribute(dst_mesh, list(dst_attr.dims_mapping),
+                                      dict(dst_attr.partial_status))], chunk)
 
 
 def _blocks_in_model_order(ops, seg_method, meshes) -> bool:
@@ -340,7 +341,7 @@ def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
         for i, value in enumerate(op.operands_source()):
             producer = value.get_defining_op() if value.initialized() else None
             if producer is not None and producer.name() == "dist_op.reshard":
-                _follow_reshard(op, i, producer, mesh, meshes)
+                _follow_reshard(op, i, producer, mesh, target, moved)
                 continue
             if producer is None or producer.id() not in target \
                     or target[producer.id()][0] == mesh:
@@ -351,34 +352,46 @@ def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
                 src_attr = value.dist_attr()
                 out = paddle.distributed.reshard(value, mesh, src_attr.placements)
                 out.get_defining_op().op_role = producer.op_role
-                moved[key] = (out, src_attr, target[producer.id()][0], mesh, chunk)
+                moved[key] = (out, src_attr, target[producer.id()][0], mesh, chunk, src_attr)
             op.operand(i).set_source(moved[key][0])
     for op in dist_program.global_block().ops:
         if op.id() in target:
             mesh, chunk = target[op.id()]
             _set_process_mesh_and_chunk_id(op, mesh, chunk, set_input_mesh=True,
                                            set_output_mesh=True)
-    for out, src_attr, src, dst, chunk in moved.values():
-        _describe_stage_reshard(out, src_attr, src, dst, chunk)
+    for out, src_attr, src, dst, chunk, dst_attr in moved.values():
+        if src_attr is not None:  # (a reshard from a mesh that stays was made right)
+            _describe_stage_reshard(out, src_attr, src, dst, chunk, dst_attr)
+    for op in list(dist_program.global_block().ops):  # the user's reshards nobody reads now
+        if op.name() == "dist_op.reshard" and op.result(0).use_empty():
+            op.erase()
     paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
     return True
 
 
-def _follow_reshard(op, index, reshard, mesh, meshes) -> None:
-    """``op`` reads a value resharded from a mesh of every stage (e.g. the mask each layer
-    reads) onto a stage mesh; ``op`` moves to ``mesh``: it reads its own reshard onto ``mesh``
-    (a reshard may be shared with layers that stay)."""
+def _follow_reshard(op, index, reshard, mesh, target, moved) -> None:
+    """``op`` (moving to ``mesh``) reads the result of a reshard the user wrote (a mask cut from
+    a mesh of every stage, logits or labels made replicated ...): when the reshard's input or
+    output mesh is no longer right, ``op`` reads its own reshard from the same input onto
+    ``mesh`` with the same placements (the user's may be shared with ops that stay); one whose
+    input moves too is described later (``moved``), as :func:`_describe_stage_reshard`."""
     import paddle
 
-    source = reshard.operand_source(0)
-    result = reshard.result(0)
-    if source.dist_attr() is None or source.dist_attr().process_mesh in meshes \
-            or result.dist_attr().process_mesh == mesh:
+    source, result = reshard.operand_source(0), reshard.result(0)
+    producer = source.get_defining_op() if source.initialized() else None
+    moving = producer is not None and producer.id() in target
+    src_mesh = target[producer.id()][0] if moving else source.dist_attr().process_mesh
+    if result.dist_attr().process_mesh == mesh and src_mesh == source.dist_attr().process_mesh:
         return
-    paddle.pir.set_insertion_point_after(reshard)
-    own = paddle.distributed.reshard(source, mesh, result.dist_attr().placements)
-    own.get_defining_op().op_role = reshard.op_role
-    op.operand(index).set_source(own)
+    key = (source.id, mesh.process_ids[0], str(result.dist_attr().placements))
+    if key not in moved:
+        paddle.pir.set_insertion_point_after(reshard)
+        src_attr = source.dist_attr()
+        own = paddle.distributed.reshard(source, mesh, result.dist_attr().placements)
+        own.get_defining_op().op_role = reshard.op_role
+        moved[key] = (own, src_attr if moving else None, src_mesh, mesh, target[op.id()][1],
+                      result.dist_attr())
+    op.operand(index).set_source(moved[key][0])
 
 
 def _check_chunk_id(original):
