@@ -318,7 +318,6 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     if pipe.pp != config.pp_degree:
         raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
                          f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
-    process = pipe.process_of(rank)
     schedule = make_schedule(config)
     lowered = lower_comm(schedule, config.costs)
     validate(lowered)

@@ -1,0 +1,196 @@
+"""Blocks onto the meshes of a schedule's placement: PIR surgery on the engine's whole
+distributed program, before its chunk completion.
+
+A user writes the model with its blocks on the stage meshes in model order (Paddle's VPP
+documentation does); a schedule with vpp > 1 needs block i of L on virtual stage
+i * pp*vpp // L, whose rank depends on the placement (looped or V).  :func:`assign_placement`
+moves the ops, re-makes the reshards at the new boundaries and lets the values every layer reads
+from a mesh of all stages (a mask, position ids) follow each layer.
+"""
+from __future__ import annotations
+
+def _stage_move(op) -> bool:
+    """A ``dist_op.reshard`` that only moves a value to another mesh of the same shape with the
+    same placements: a boundary between pipeline stages (any number of mesh axes)."""
+    src, dst = op.operand_source(0).dist_attr(), op.result(0).dist_attr()
+    if src is None or dst is None:
+        return False
+    return list(src.process_mesh.shape) == list(dst.process_mesh.shape) \
+        and list(src.dims_mapping) == list(dst.dims_mapping) \
+        and set(src.partial_dims) == set(dst.partial_dims) \
+        and list(src.process_mesh.process_ids) != list(dst.process_mesh.process_ids)
+
+
+def _drop_stage_reshards(dist_program) -> None:
+    """Bypass (in place) every reshard between pipeline stages (:func:`_stage_move`): the
+    user's ``dist.reshard`` between stages in model order."""
+    for op in list(dist_program.global_block().ops):
+        if op.name() == "dist_op.reshard" and _stage_move(op):
+            op.result(0).replace_all_uses_with(op.operand_source(0))
+            op.erase()
+
+
+def _describe_stage_reshard(out, src_attr, src_mesh, dst_mesh, chunk: int, dst_attr) -> None:
+    """Give a reshard made while blocks move the dist attributes Paddle's own ``dist.reshard``
+    has (setting its consumer's mesh rewrote them): the value with its placements
+    (``src_attr``: before its producer moved to ``src_mesh``) in, with ``dst_attr``'s placements
+    on ``dst_mesh`` out; the op on ``src_mesh`` if both meshes are one, else on a flat mesh of
+    both meshes' processes; in the consumer's chunk (on the V placement both sides of a
+    boundary between ranks have the same chunk)."""
+    import paddle
+    from paddle.base.libpaddle.pir import create_op_dist_attribute, create_tensor_dist_attribute
+
+    op_mesh = src_mesh if src_mesh == dst_mesh else paddle.distributed.ProcessMesh(
+        list(src_mesh.process_ids) + list(dst_mesh.process_ids))
+    out.get_defining_op().dist_attr = create_op_dist_attribute(
+        op_mesh, [create_tensor_dist_attribute(src_mesh, list(src_attr.dims_mapping),
+                                               dict(src_attr.partial_status))],
+        [create_tensor_dist_attribute(dst_mesh, list(dst_attr.dims_mapping),
+                                      dict(dst_attr.partial_status))], chunk)
+
+
+def _blocks_in_model_order(ops, seg_method, meshes) -> bool:
+    """True when the blocks' stage meshes never go back to an earlier stage (Paddle's rule for
+    "place the blocks for me"), judged by the stage meshes' order, whatever their axes."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
+
+    last = -1
+    for op in ops:
+        if op.dist_attr is None or _extract_seg_method(op, seg_method) is None:
+            continue
+        mesh = op.dist_attr.process_mesh
+        if mesh in meshes:
+            stage = meshes.index(mesh)
+            if stage < last:
+                return False
+            last = stage
+    return True
+
+
+#: ops that keep their mesh: reshards (re-made where needed), parameters (they move with their
+#: readers) and data (fed on the meshes the user's loader names)
+_STAY = ("dist_op.reshard", "builtin.parameter", "pd_op.data")
+
+
+def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
+    """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
+    (non-decreasing) the meshes of the ``kind`` placement (looped or V), in place: block i of
+    L goes to virtual stage s = i * pp*vpp // L and its rank (looped: s = c*pp + r; V: the
+    same for even chunks c, s = c*pp + pp-1-r for odd ones); ops before the first block go
+    with it, ops after the last (final norm, head, loss) with the last; ops on a mesh of every
+    stage (a mask or position ids each layer reads) stay there, each layer's reshard from them
+    following the layer.  Paddle's ``complete_chunk_id`` then finds non-monotonic (custom)
+    meshes, keeps them and sets chunk = s // pp.  Returns False (and changes nothing) when
+    the meshes are not in model order (the user placed them)."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _set_process_mesh_and_chunk_id
+    from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
+    import paddle
+
+    seg_method = pipeline_strategy.vpp_seg_method
+    if not seg_method:
+        raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
+                         f"(vpp_degree={pipeline_strategy.vpp_degree})")
+    meshes = get_sub_process_mesh_by_program(dist_program)
+    if not _blocks_in_model_order(dist_program.global_block().ops, seg_method, meshes):
+        return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
+    target = _targets(dist_program, pipeline_strategy, kind, meshes)
+    moved = _reshard_boundaries(dist_program, target)
+    for op in dist_program.global_block().ops:
+        if op.id() in target:
+            mesh, chunk = target[op.id()]
+            _set_process_mesh_and_chunk_id(op, mesh, chunk, set_input_mesh=True,
+                                           set_output_mesh=True)
+    for out, src_attr, src, dst, chunk, dst_attr in moved.values():
+        if src_attr is not None:  # (a reshard from a mesh that stays was made right)
+            _describe_stage_reshard(out, src_attr, src, dst, chunk, dst_attr)
+    for op in list(dist_program.global_block().ops):  # the user's reshards nobody reads now
+        if op.name() == "dist_op.reshard" and op.result(0).use_empty():
+            op.erase()
+    paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
+    return True
+
+
+def _targets(dist_program, pipeline_strategy, kind, meshes) -> dict:
+    """op id -> (mesh, chunk) of every op that moves with its block (the model-order stage
+    reshards are dropped first: new boundaries follow)."""
+    from paddle.distributed.auto_parallel.static.pir_pass import (_extract_seg_method,
+                                                                  _get_seg_struct_names)
+    from pipesplit.job_list.placement import Placement
+
+    pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
+    seg_method = pipeline_strategy.vpp_seg_method
+    segments = _get_seg_struct_names(dist_program.global_block().ops, seg_method)
+    stages = pp * vpp
+    if len(segments) % stages:
+        raise ValueError(f"strategy.pipeline: {len(segments)} {seg_method} blocks cannot be "
+                         f"split evenly over pp_degree x vpp_degree = {stages} stages")
+    placement = Placement(kind, pp, vpp)
+    index = {name: i for i, name in enumerate(segments)}
+    _drop_stage_reshards(dist_program)
+    target = {}
+    seg = 0
+    for op in dist_program.global_block().ops:
+        name = _extract_seg_method(op, seg_method)
+        if name is not None:
+            seg = index[name]
+        if op.dist_attr is None or op.name() in _STAY \
+                or op.dist_attr.process_mesh not in meshes:
+            continue  # (ops on the global mesh, e.g. a mask every stage reads, stay there)
+        stage = seg * stages // len(segments)
+        target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp)
+    return target
+
+
+def _reshard_boundaries(dist_program, target) -> dict:
+    """A reshard (the engine's partition turns it into p2p) wherever a moved op reads a value
+    from another mesh; the user's own reshards follow their readers.  Returns the reshards
+    made: key -> (value, source attributes or None, source mesh, mesh, chunk, result attrs)."""
+    import paddle
+
+    moved = {}
+    for op in dist_program.global_block().ops:
+        if op.id() not in target:
+            continue
+        mesh, chunk = target[op.id()]
+        for i, value in enumerate(op.operands_source()):
+            producer = value.get_defining_op() if value.initialized() else None
+            if producer is not None and producer.name() == "dist_op.reshard":
+                _follow_reshard(op, i, producer, mesh, target, moved)
+                continue
+            if producer is None or producer.id() not in target \
+                    or target[producer.id()][0] == mesh:
+                continue  # (a parameter moves with the op that reads it)
+            key = (value.id, mesh.process_ids[0])
+            if key not in moved:  # right after the producer: between the two blocks
+                paddle.pir.set_insertion_point_after(producer)
+                src_attr = value.dist_attr()
+                out = paddle.distributed.reshard(value, mesh, src_attr.placements)
+                out.get_defining_op().op_role = producer.op_role
+                moved[key] = (out, src_attr, target[producer.id()][0], mesh, chunk, src_attr)
+            op.operand(i).set_source(moved[key][0])
+    return moved
+
+
+def _follow_reshard(op, index, reshard, mesh, target, moved) -> None:
+    """``op`` (moving to ``mesh``) reads the result of a reshard the user wrote (a mask cut from
+    a mesh of every stage, logits or labels made replicated ...): when the reshard's input or
+    output mesh is no longer right, ``op`` reads its own reshard from the same input onto
+    ``mesh`` with the same placements (the user's may be shared with ops that stay); one whose
+    input moves too is described later (``moved``), as :func:`_describe_stage_reshard`."""
+    import paddle
+
+    source, result = reshard.operand_source(0), reshard.result(0)
+    producer = source.get_defining_op() if source.initialized() else None
+    moving = producer is not None and producer.id() in target
+    src_mesh = target[producer.id()][0] if moving else source.dist_attr().process_mesh
+    if result.dist_attr().process_mesh == mesh and src_mesh == source.dist_attr().process_mesh:
+        return
+    key = (source.id, mesh.process_ids[0], str(result.dist_attr().placements))
+    if key not in moved:
+        paddle.pir.set_insertion_point_after(reshard)
+        src_attr = source.dist_attr()
+        own = paddle.distributed.reshard(source, mesh, result.dist_attr().placements)
+        own.get_defining_op().op_role = reshard.op_role
+        moved[key] = (own, src_attr if moving else None, src_mesh, mesh, target[op.id()][1],
+                      result.dist_attr())
+    op.operand(index).set_source(moved[key][0])
