@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
@@ -130,26 +129,71 @@ def build(args, block_mesh=None):
 
 
 def reference(args):
-    """The same model trained in one process in dygraph with the same micro-batches: per-micro-
-    batch losses, and parameters by structured name."""
+    """The same model run in one process in dygraph with the same micro-batches, phase by phase
+    (``--modes``): per-micro-batch losses of the training steps, of evaluation and the
+    predicted logits, and the final parameters by structured name."""
     model = build(args)
     opt = make_optimizer(args, model.parameters())
     data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
-    losses = []
-    for step in range(args.steps):
-        sl = slice(step * args.batch, (step + 1) * args.batch)
-        x, y = paddle.to_tensor(data.inputs[sl]), paddle.to_tensor(data.labels[sl])
-        per_mb = []
-        for xm, ym in zip(paddle.split(x, args.m), paddle.split(y, args.m)):
-            loss = lm_loss(model(xm), ym)
-            (loss / args.m).backward()
-            per_mb.append(float(loss))
-        opt.step()
-        opt.clear_grad()
-        if isinstance(opt._learning_rate, paddle.optimizer.lr.LRScheduler):
-            opt._learning_rate.step()
-        losses.append(per_mb)
-    return losses, {k: v.numpy() for k, v in model.state_dict().items()}
+    out = {"losses": [], "eval_losses": [], "predictions": []}
+    for mode in args.modes:
+        for step in range(args.steps if mode != "predict" else 1):
+            sl = slice(step * args.batch, (step + 1) * args.batch)
+            x, y = paddle.to_tensor(data.inputs[sl]), paddle.to_tensor(data.labels[sl])
+            if mode == "predict":
+                model.eval()
+                with paddle.no_grad():
+                    out["predictions"].append(model(x).numpy())
+                continue
+            model.train() if mode == "train" else model.eval()
+            per_mb = []
+            for xm, ym in zip(paddle.split(x, args.m), paddle.split(y, args.m)):
+                if mode == "eval":
+                    with paddle.no_grad():
+                        per_mb.append(float(lm_loss(model(xm), ym)))
+                    continue
+                loss = lm_loss(model(xm), ym)
+                (loss / args.m).backward()
+                per_mb.append(float(loss))
+            if mode == "train":
+                opt.step()
+                opt.clear_grad()
+                if isinstance(opt._learning_rate, paddle.optimizer.lr.LRScheduler):
+                    opt._learning_rate.step()
+            out["losses" if mode == "train" else "eval_losses"].append(per_mb)
+    return out, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def run_modes(args, dist_model, dist_loader, opt):
+    """``--modes`` through the engine: train / eval steps over the data, predict on the first
+    batch; returns what this rank got (None where it holds no loss / output) and the largest
+    parameter change any evaluation or prediction made here (must be 0)."""
+    out = {"losses": [], "eval_losses": [], "predictions": []}
+    eval_change = 0.0
+    for mode in args.modes:
+        getattr(dist_model, mode)()  # train() / eval() / predict()
+        before = {k: v for k, v in local_parameters(dist_model).items()}
+        for step, (x, y) in enumerate(dist_loader()):
+            if mode == "predict":
+                if step == 0:
+                    got = dist_model(x)
+                    if got is not None:
+                        out["predictions"].append(np.concatenate(
+                            [np.asarray(g) for g in got]) if isinstance(got, list)
+                            else np.asarray(got))
+                continue
+            loss = dist_model(x, y)
+            if loss is not None:
+                out["losses" if mode == "train" else "eval_losses"].append(
+                    np.asarray(loss, np.float64).reshape(-1).tolist())
+            if mode == "train" and isinstance(opt._learning_rate,
+                                              paddle.optimizer.lr.LRScheduler):
+                opt._learning_rate.step()
+        if mode != "train":
+            after = local_parameters(dist_model)
+            eval_change = max([eval_change] + [float(np.max(np.abs(after[k] - v)))
+                                               for k, v in before.items()])
+    return out, eval_change
 
 
 def make_strategy(args):
@@ -199,6 +243,9 @@ def parse_args(argv=None):
                         "placed by pipesplit.passes.engine.block_meshes for the schedule; or a "
                         "schedule name: placed for that one (another placement than the "
                         "schedule's shows the mismatch error)")
+    p.add_argument("--modes", default="train",
+                   help="comma-separated phases, each over the data: train, eval (losses, no "
+                        "update), predict (outputs of the first batch); e.g. train,eval,train")
     p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
     p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
@@ -206,6 +253,10 @@ def parse_args(argv=None):
         from pipesplit.job_list.registry import get_spec
         args.vpp = 2 if get_spec(args.schedule).placement == "v" else 1
     args.batch = args.m * args.micro_batch_size
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = sorted(set(args.modes) - {"train", "eval", "predict"})
+    if bad or not args.modes:
+        p.error(f"--modes: phases are train, eval and predict, got {args.modes}")
     return args
 
 
@@ -237,31 +288,35 @@ def main(argv=None) -> int:
     # every rank is fed the whole batch; the engine gives each data op the mesh of its users
     dist_loader = loader
     dist_model = dist.to_static(model, dist_loader, lm_loss, opt, make_strategy(args))
-    dist_model.train()
 
-    losses = []
-    for step, (x, y) in enumerate(dist_loader()):
-        loss = dist_model(x, y)
-        if loss is not None:
-            losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
-        if isinstance(opt._learning_rate, paddle.optimizer.lr.LRScheduler):
-            opt._learning_rate.step()
-
-    ref_losses, ref_params = reference(args)
+    got, eval_change = run_modes(args, dist_model, dist_loader, opt)
+    ref, ref_params = reference(args)
     diffs = [float(np.max(np.abs(local - ref_params[name])))
              for name, local in local_parameters(dist_model).items()
              if name in ref_params]  # (a scheduler's learning rate is listed too)
-    mine = {"rank": rank, "losses": losses or None, "max_param_diff": max(diffs, default=0.0),
-            "num_params": len(diffs)}
+    predict_diff = max([float(np.max(np.abs(p - r)))
+                        for p, r in zip(got["predictions"], ref["predictions"])], default=None)
+    holds_loss = bool(got["losses"] or got["eval_losses"])
+    mine = {"rank": rank, "max_param_diff": max(diffs, default=0.0), "num_params": len(diffs),
+            "losses": {k: got[k] for k in ("losses", "eval_losses")} if holds_loss else None,
+            "eval_param_change": eval_change, "predict_diff": predict_diff}
     everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
     holder = next(r for r in everyone if r["losses"] is not None)
     if rank == holder["rank"]:
+        ours = holder["losses"]["losses"] + holder["losses"]["eval_losses"]
+        theirs = ref["losses"] + ref["eval_losses"]
+        predicted = [r["predict_diff"] for r in everyone if r["predict_diff"] is not None]
         record = {"schedule": args.schedule, "pp": world, "vpp": args.vpp, "m": args.m,
-                  "losses": holder["losses"], "reference_losses": ref_losses,
+                  "modes": args.modes,
+                  "losses": holder["losses"]["losses"], "reference_losses": ref["losses"],
+                  "eval_losses": holder["losses"]["eval_losses"],
+                  "reference_eval_losses": ref["eval_losses"],
+                  "predict_max_diff": max(predicted) if predicted else None,
+                  "eval_param_change": max(r["eval_param_change"] for r in everyone),
                   "max_param_diff": max(r["max_param_diff"] for r in everyone),
                   "params_compared": sum(r["num_params"] for r in everyone),
-                  "max_loss_diff": max(abs(a - b) for ours, ref in zip(holder["losses"], ref_losses)
-                                       for a, b in zip(ours, ref))}
+                  "max_loss_diff": max(abs(a - b) for o, t in zip(ours, theirs)
+                                       for a, b in zip(o, t))}
         print(f"{args.schedule} pp={world} vpp={args.vpp} m={args.m}: max |loss - reference| "
               f"{record['max_loss_diff']:.2e}, max |param - reference| "
               f"{record['max_param_diff']:.2e} over {record['params_compared']} parameters",

@@ -13,6 +13,7 @@ feed / variable) and the constraint.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -25,6 +26,9 @@ from .roles import ACC_SUFFIX, COUNT_PREFIX, ROLE_BACKWARD, ROLE_FORWARD
 
 DATA_OP = "pd_op.data"
 PARAMETER_OP = "builtin.parameter"
+#: the learning rate an LR scheduler drives: Paddle's optimizer makes it a parameter named
+#: ``unique_name.generate("learning_rate")``; a constant rate is a persistable data op instead
+SCHEDULED_LR_RE = re.compile(r"learning_rate_\d+$")
 
 
 # --------------------------------------------------------------------------- programs
@@ -135,12 +139,16 @@ class FeedSpec:
 class PlanInputs:
     feeds: Dict[str, FeedSpec]
     persistables: Tuple[str, ...]   # variables the scope must hold before a step
+    # learning-rate parameters of an LR scheduler (SCHEDULED_LR_RE) the plan reads
+    scheduled_lr: Tuple[str, ...] = ()
 
 
 def plan_inputs(plan) -> PlanInputs:
-    """The feeds and persistable variables the sub-programs of ``plan`` read."""
+    """The feeds, persistable variables and scheduled learning rates the sub-programs of
+    ``plan`` read."""
     feeds: Dict[str, FeedSpec] = {}
     persistables: Dict[str, None] = {}
+    scheduled_lr: Dict[str, None] = {}
     for job_type in plan.job_types():
         block = plan.ir_program(job_type).global_block()
         for name, kwarg in block.kwargs().items():
@@ -148,7 +156,10 @@ def plan_inputs(plan) -> PlanInputs:
                 persistables[name] = None
         for op in block.ops:
             if op.name() == PARAMETER_OP:
-                persistables[op.attrs()["parameter_name"]] = None
+                name = op.attrs()["parameter_name"]
+                persistables[name] = None
+                if SCHEDULED_LR_RE.search(name):
+                    scheduled_lr[name] = None
             elif op.name() == DATA_OP:
                 value, name = op.result(0), op.attrs()["name"]
                 if value.persistable:
@@ -156,7 +167,7 @@ def plan_inputs(plan) -> PlanInputs:
                 elif name not in feeds:
                     dtype = _PADDLE_PIR_DTYPE_2_NUMPY_DTYPE.get(value.dtype, str(value.dtype))
                     feeds[name] = FeedSpec(name, dtype, tuple(int(d) for d in value.shape))
-    return PlanInputs(feeds, tuple(persistables))
+    return PlanInputs(feeds, tuple(persistables), tuple(scheduled_lr))
 
 
 def check_feed(feed, specs: Mapping[str, FeedSpec], num_micro_batches: int

@@ -132,7 +132,24 @@ def split_program(program, num_chunks: int, split_backward=False,
     info = add_gradient_accumulation(work, accumulate, num_micro_batches) if accumulate else None
     split = _distribute(work, num_chunks, split_backward, fetch_names)
     split.accumulation = info
+    carry_lr_scheduler(work, split.programs)
     return split
+
+
+def carry_lr_scheduler(source, programs: Dict[str, "paddle.pir.Program"]) -> None:
+    """Give every program of ``programs`` that reads ``source``'s learning-rate parameter the
+    LR scheduler of ``source`` (``lr_scheduler`` and ``lr_name``, as Paddle's optimizer sets
+    them on the main program and ``Program.clone`` keeps them), so a plan made of them
+    (:func:`pipesplit.ir_utils.make_plan`) knows its scheduler."""
+    scheduler = getattr(source, "lr_scheduler", None)
+    name = getattr(source, "lr_name", None)
+    if scheduler is None or name is None:
+        return
+    for program in programs.values():
+        if any(op.name() == "builtin.parameter" and op.attrs()["parameter_name"] == name
+               for op in program.global_block().ops):
+            program.lr_scheduler = scheduler
+            program.lr_name = name
 
 
 def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:

@@ -1,6 +1,7 @@
 """Run split sub-programs as a ``core.Plan`` on Paddle's standalone executor (one process)."""
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -9,6 +10,11 @@ import paddle
 from paddle.base import core
 
 from .checks import check_feed, describe_missing, missing_scope_vars, plan_inputs
+
+#: core.Plan -> the program whose LR scheduler the plan runs under (a program with
+#: ``lr_scheduler`` and ``lr_name``), recorded by :func:`make_plan`.  Weak keys: an entry lives
+#: as long as its plan (the program with it), and no later plan can take its place.
+_LR_PROGRAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
@@ -135,7 +141,36 @@ def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.
         job.set_micro_batch_id(mb)
         job.set_skip_gc_vars(keep)
         jobs.append(job)
-    return core.Plan(jobs, used)
+    plan = core.Plan(jobs, used)
+    lr_program = _lr_program_among(used)
+    if lr_program is not None:
+        _LR_PROGRAMS[plan] = lr_program
+    return plan
+
+
+def _lr_program_among(programs: Dict[str, "paddle.pir.Program"]):
+    """The program of ``programs`` carrying an LR scheduler (the pass's sub-programs get it
+    from the training program: :func:`pipesplit.ir_utils.extract.carry_lr_scheduler`); None
+    if none does.  Programs carrying different schedulers are refused."""
+    found = {}
+    for t, program in programs.items():
+        scheduler = getattr(program, "lr_scheduler", None)
+        if scheduler is not None:
+            found.setdefault((id(scheduler), getattr(program, "lr_name", None)), (t, program))
+    if len(found) > 1:
+        raise ValueError(f"programs {sorted(t for t, _ in found.values())} carry different LR "
+                         "schedulers; a plan runs under one")
+    return next(iter(found.values()))[1] if found else None
+
+
+def lr_program_of(plan):
+    """The program whose LR scheduler ``plan`` runs under, as :func:`make_plan` found it among
+    the plan's programs (every plan pipesplit's passes build from a program with an LR
+    scheduler has one); None if there is none."""
+    try:
+        return _LR_PROGRAMS.get(plan)
+    except TypeError:  # not weak-referenceable: never recorded
+        return None
 
 
 def skip_gc_sets(job_order: Sequence[Tuple[str, int]], required: Dict[str, set],
@@ -191,10 +226,14 @@ class PlanRunner:
     """
 
     def __init__(self, plan, scope, place=None, program=None):
-        """``program``: the training program the plan was split from.  When its optimizer has
-        an LR scheduler (``program.lr_scheduler``), every step first writes the scheduler's
+        """When the plan runs under an LR scheduler, every step first writes the scheduler's
         current value into the learning-rate variable, as ``paddle.static.Executor.run`` does,
-        so ``scheduler.step()`` between steps works unchanged."""
+        so ``scheduler.step()`` between steps works unchanged.  The scheduler is found without
+        help for every plan pipesplit builds from a program with one (:func:`lr_program_of`);
+        ``program`` (the training program the plan was split from, with
+        ``program.lr_scheduler``) names it for a plan built elsewhere.  A plan reading a
+        scheduler's learning-rate parameter whose scheduler is not known is refused
+        (``ValueError``): its rate would silently stay the initial one."""
         if not isinstance(plan, core.Plan):
             raise TypeError(f"plan must be a paddle core.Plan (apply_pass(...) or "
                             f"PipelinePlan.plan), got {type(plan).__name__}")
@@ -209,8 +248,8 @@ class PlanRunner:
         self.place = place if place is not None else paddle.CPUPlace()
         self.num_micro_batches = plan.micro_batch_num()
         _check_m(self.num_micro_batches)
-        self.program = program
         self.inputs = plan_inputs(plan)
+        self.program = _lr_program(plan, program, self.inputs.scheduled_lr)
         self._executor = None
         self._bound = {}  # scope variable name -> the Variable the kept executor was built on
 
@@ -281,9 +320,35 @@ def apply_lr_scheduler(program, scope, place=None) -> Optional[float]:
     return value
 
 
-def run_plan(plan, scope, feed: Dict[str, np.ndarray], place=None) -> List[np.float32]:
-    """One step of ``plan`` (see :meth:`PlanRunner.step`); use a PlanRunner for several."""
-    return PlanRunner(plan, scope, place).step(feed)
+def _lr_program(plan, program, scheduled_lr: Sequence[str]):
+    """The program whose LR scheduler a runner of ``plan`` applies: ``program`` if it has a
+    scheduler, else the one recorded for the plan (:func:`lr_program_of`), else ``program``.
+    ``scheduled_lr``: the learning-rate parameters of a scheduler the plan reads; one of them
+    with no scheduler known, or not the one the scheduler drives, raises ValueError.  (Plans
+    from apply_pass / apply_pipeline / new_pass, and make_plan of split_program's
+    sub-programs, have theirs recorded; a core.Plan made elsewhere may not.)"""
+    for candidate in (program, lr_program_of(plan)):
+        if getattr(candidate, "lr_scheduler", None) is None:
+            continue
+        name = getattr(candidate, "lr_name", None)
+        if scheduled_lr and name not in scheduled_lr:
+            raise ValueError(f"the program's LR scheduler drives learning-rate variable "
+                             f"{name!r}, but the plan reads {list(scheduled_lr)}: pass the "
+                             "training program the plan was split from")
+        return candidate
+    if scheduled_lr:
+        raise ValueError(
+            f"the plan reads the learning rate {list(scheduled_lr)} of an LR scheduler, but no "
+            "scheduler is known for it (its rate would stay the initial one): pass the "
+            "training program the plan was split from, PlanRunner(plan, scope, program=main)")
+    return program
+
+
+def run_plan(plan, scope, feed: Dict[str, np.ndarray], place=None, program=None
+             ) -> List[np.float32]:
+    """One step of ``plan`` (see :meth:`PlanRunner.step`; ``program`` as there); use a
+    PlanRunner for several."""
+    return PlanRunner(plan, scope, place, program=program).step(feed)
 
 
 def read_params(scope, names: Iterable[str]) -> Dict[str, np.ndarray]:

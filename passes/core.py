@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import FrozenSet, List, Optional, Tuple
 
 from pipesplit.job_list import Schedule, build_schedule
+from pipesplit.job_list.lower import lower_comm
 from pipesplit.job_list.auto import AUTO_NAMES, split_stages_of
 from pipesplit.job_list.registry import accepted_options
 from pipesplit.job_list.simulate import SimResult, simulate
@@ -59,6 +60,19 @@ def make_schedule(config: PipelineConfig) -> Schedule:
                               **accepted_options(config.schedule, options))
     validate(schedule)
     return schedule
+
+
+def open_schedule(config: PipelineConfig, main_program) -> Tuple[Schedule, Schedule]:
+    """(compute schedule, lowered schedule) of a plan: the one place every builder opens it.
+    The schedule is built once (the ``auto`` search too) and validated; a program without a
+    backward (evaluation, prediction) gets the schedule's forward order
+    (``Schedule.forward_only``); the comm lowering is validated before anything runs."""
+    schedule = make_schedule(config)
+    if not has_backward(main_program):
+        schedule = schedule.forward_only()
+    lowered = lower_comm(schedule, config.costs)
+    validate(lowered)
+    return schedule, lowered
 
 
 def split_chunks_of(config: PipelineConfig, num_chunks: int,

@@ -13,6 +13,8 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
   it is broadcast from its source rank over the gloo world group instead.
 * The engine's ``barrier`` op needs an NCCL context: on ring 0 it becomes
   ``paddle.distributed.barrier()`` over the gloo group.
+* ``DistModel`` calls ``fleet.init`` under the launcher, whose hybrid gloo groups fail at random
+  with more than two CPU processes and which the engine does not need: skipped.
 
 * Paddle's own pipeline plans (FThenB, 1F1B, VPP through the engine) carry ``send_v2`` /
   ``recv_v2``, whose CPU kernels are stubs: when the engine hands the plan to its executor
@@ -156,6 +158,22 @@ def _set_plan(original):
     return _set_plan
 
 
+def _dist_model_init(original):
+    def __init__(self, *args, **kwargs):
+        """``DistModel`` calls ``fleet.init`` when the launcher set ``POD_NAME``; its dozen
+        hybrid gloo groups (which the engine does not use) fail now and then with
+        ``Connection refused`` with more than two CPU processes: skipped on CPU."""
+        import os
+
+        pod = os.environ.pop("POD_NAME", None)
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            if pod is not None:
+                os.environ["POD_NAME"] = pod
+    return __init__
+
+
 def enable() -> bool:
     """Patch the engine's CPU gaps (idempotent).  Returns True if anything was patched (False
     on a CUDA / XPU build, where nothing is needed)."""
@@ -163,6 +181,7 @@ def enable() -> bool:
         return False
     if _originals:
         return True
+    from paddle.distributed.auto_parallel.api import DistModel
     from paddle.distributed.auto_parallel.static import process_group
 
     core = paddle.base.core
@@ -175,6 +194,8 @@ def enable() -> bool:
     paddle.base.executor.Executor._set_plan = _set_plan(_originals["set_plan"])
     core.reshard = _reshard(_originals["reshard"])
     legacy.barrier = _barrier(_originals["barrier"])
+    _originals["dist_model"] = DistModel.__init__
+    DistModel.__init__ = _dist_model_init(_originals["dist_model"])
     return True
 
 
@@ -182,12 +203,14 @@ def disable() -> None:
     """Undo :func:`enable`."""
     if not _originals:
         return
+    from paddle.distributed.auto_parallel.api import DistModel
     from paddle.distributed.auto_parallel.static import process_group
 
     process_group.ProcessGroup.instantiate = _originals.pop("instantiate")
     paddle.base.core.reshard = _originals.pop("reshard")
     paddle._legacy_C_ops.barrier = _originals.pop("barrier")
     paddle.base.executor.Executor._set_plan = _originals.pop("set_plan")
+    DistModel.__init__ = _originals.pop("dist_model")
 
 
 def is_enabled() -> bool:

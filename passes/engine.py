@@ -24,13 +24,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
-from pipesplit.job_list.lower import lower_comm, peer_of
+from pipesplit.job_list.lower import peer_of
 from pipesplit.job_list.pipe import Pipe
-from pipesplit.job_list.validate import validate
 
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
-from .core import PipelinePlan, make_schedule, split_sub_programs
+from .core import PipelinePlan, open_schedule, split_sub_programs
 from .hybrid import hybrid_world_ring
 from .per_rank import world_ring_order
 
@@ -267,8 +266,9 @@ def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backen
     the job order without the optimizer."""
     rank = config.pp_stage
     process = pipe.process_of(rank)
-    optimizer = programs[OPTIMIZER]
-    if backend == "gloo":  # the optimizer job runs last on every rank: its exchanges match
+    optimizer = programs.get(OPTIMIZER)
+    if backend == "gloo" and optimizer is not None:  # it runs last on every rank: its
+        # exchanges match
         if config.pp_degree > 2 and any(op.name() in P2P_OPS
                                         for op in optimizer.global_block().ops):
             raise ValueError(
@@ -318,9 +318,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     if pipe.pp != config.pp_degree:
         raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
                          f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
-    schedule = make_schedule(config)
-    lowered = lower_comm(schedule, config.costs)
-    validate(lowered)
+    schedule, lowered = open_schedule(config, main_program)
     found: List[EngineTransfer] = []
 
     def prepare(work):
@@ -332,14 +330,15 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
                                        schedule=schedule)
     _check_against_schedule(found, lowered, rank)
     programs = dict(split.programs)
-    optimizer = programs[OPTIMIZER]
-    clip_the_average(optimizer, config.num_micro_batches)
+    if OPTIMIZER in programs:  # (evaluation and prediction have none)
+        clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
     if backend == "gloo" and paddle.distributed.get_world_size() > config.pp_degree:
         job_order = hybrid_world_ring(programs, found, lowered, config, pipe)
     else:
         job_order = _pipeline_transport(programs, found, schedule, lowered, config, pipe,
                                         backend)
-    job_order.append((OPTIMIZER, 0))
+    if OPTIMIZER in programs:
+        job_order.append((OPTIMIZER, 0))
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     plan = make_plan(job_order, used, config.num_micro_batches)
     split.programs = programs

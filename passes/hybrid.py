@@ -126,9 +126,10 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
             programs[f"{kind}{chunk}"], gathers[f"{kind}{chunk}"] = \
                 world_comm_program(sel, process, world)
-    optimizer = programs[OPTIMIZER]
-    sequence = [(kind, None if peer is None else pipe.rank_of(peer), gather)
-                for kind, peer, gather in collective_sequence(optimizer, _ring_ranks)]
+    optimizer = programs.get(OPTIMIZER)  # (evaluation and prediction have none)
+    sequence = [] if optimizer is None else [
+        (kind, None if peer is None else pipe.rank_of(peer), gather)
+        for kind, peer, gather in collective_sequence(optimizer, _ring_ranks)]
     everyone = _exchange({"jobs": gathers, "optimizer": sequence}, pipe)
     jobs = {r: {t: _as_gathers(sig) for t, sig in p["jobs"].items()} for r, p in everyone.items()}
     order = lockstep_order(lowered, rank, jobs)
@@ -136,8 +137,10 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
         if job_type.startswith(BYSTANDER) and job_type not in programs:
             _, who, own_type = job_type.split("_", 2)
             programs[job_type] = bystander_program(jobs[int(who)][own_type], world)
-    merged = merge_sequences({r: [(k, peer, (tuple(g[0]), g[1])) for k, peer, g in p["optimizer"]]
-                              for r, p in everyone.items()})
-    emulate_with_bystanders(optimizer, process, world, _ring_ranks,
-                            _optimizer_plan(merged, rank))
+    if optimizer is not None:
+        merged = merge_sequences({r: [(k, peer, (tuple(g[0]), g[1]))
+                                      for k, peer, g in p["optimizer"]]
+                                  for r, p in everyone.items()})
+        emulate_with_bystanders(optimizer, process, world, _ring_ranks,
+                                _optimizer_plan(merged, rank))
     return order

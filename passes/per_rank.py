@@ -29,16 +29,15 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (COMM_KINDS, COMPUTE_KINDS, RECV_FORWARD, SEND_BACKWARD,
                                    SEND_FORWARD, parse_job_type)
-from pipesplit.job_list.lower import global_order, lower_comm, peer_of
-from pipesplit.job_list.validate import validate
+from pipesplit.job_list.lower import global_order, peer_of
 
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
-from .core import PipelinePlan, make_schedule, split_sub_programs
+from .core import PipelinePlan, open_schedule, split_sub_programs
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import has_backward, make_plan  # noqa: E402
+from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
                                     all_reduce_sum, build_comm_program, first_user, producer_of,
@@ -343,11 +342,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     device = resolve_device(device)
     backend = "gloo" if device == "cpu" else "nccl"
     assert backend in BACKENDS
-    schedule = make_schedule(config)
-    if not has_backward(main_program):  # evaluation / inference: the schedule's forward order
-        schedule = schedule.forward_only()
-    lowered = lower_comm(schedule, config.costs)
-    validate(lowered)  # a bad order is rejected before anything starts
+    schedule, lowered = open_schedule(config, main_program)
     split, report = split_sub_programs(main_program, config, schedule=schedule)
 
     stages = {c: schedule.placement.stage(rank, c) for c in range(config.vpp_degree)}

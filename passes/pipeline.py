@@ -11,18 +11,17 @@ from __future__ import annotations
 from typing import List, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Job, Schedule
-from pipesplit.job_list.lower import global_order, lower_comm
-from pipesplit.job_list.validate import validate
+from pipesplit.job_list.lower import global_order
 
 from ._paddle import require_supported_paddle
 from .checks import check_pass_inputs
 from .config import PipelineConfig
-from .core import PipelinePlan, make_schedule, split_sub_programs
+from .core import PipelinePlan, make_schedule, open_schedule, split_sub_programs
 from .per_rank import build_rank_plan
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import has_backward, make_plan  # noqa: E402
+from pipesplit.ir_utils import make_plan  # noqa: E402
 
 __all__ = ["PipelinePlan", "emulated_job_order", "make_schedule", "split_and_schedule",
            "split_sub_programs"]
@@ -46,11 +45,7 @@ def split_and_schedule(main_program, startup_program, config: PipelineConfig) ->
     check_pass_inputs(main_program, startup_program, config)
     if config.pp_stage is not None:
         return build_rank_plan(main_program, startup_program, config)
-    schedule = make_schedule(config)
-    if not has_backward(main_program):  # evaluation / inference: the schedule's forward order
-        schedule = schedule.forward_only()
-    lowered = lower_comm(schedule, config.costs)
-    validate(lowered)
+    schedule, lowered = open_schedule(config, main_program)
     split, report = split_sub_programs(main_program, config, schedule=schedule)
     job_order = emulated_job_order(schedule, config.costs)
     plan = make_plan(job_order, split.programs, config.num_micro_batches, split.required_vars)

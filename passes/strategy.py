@@ -186,12 +186,150 @@ def _engine_init(original):
     object is not touched (``DistModel`` hands the engine a deep copy)."""
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
+        self.__dict__[_USER_PLACEMENTS] = _placements_of(self._model)
         pipeline = self._strategy.pipeline
         if pipeline.enable and getattr(pipeline, _REQUESTED, None) is None:
             check_strategy(pipeline)
             setattr(pipeline, _REQUESTED, str(pipeline.schedule_mode))
             pipeline.schedule_mode = _ENGINE_MODE
     return __init__
+
+
+_PLANS = "_pipesplit_plans"
+_USER_PLACEMENTS = "_pipesplit_user_placements"
+
+
+def _placements_of(model) -> dict:
+    """The user's (mesh, placements) of each distributed parameter of ``model``."""
+    if model is None or not hasattr(model, "parameters"):
+        return {}
+    return {p.name: _placement_key(p) for p in model.parameters() if p.is_dist()}
+
+
+def _placement_key(param):
+    """A copy (the tensor's own mesh object changes when its data moves)."""
+    mesh = param.process_mesh
+    return ((tuple(mesh.shape), tuple(mesh.process_ids), tuple(mesh.dim_names)),
+            tuple(str(p) for p in param.placements), list(param.placements))
+
+
+def _restore_user_placements(engine) -> None:
+    """Give the dygraph parameters back the user's meshes and placements (without data).
+
+    Preparing the first mode moves a parameter whose block the schedule's placement puts on
+    another mesh (its values live there now, in the scope); tracing the next mode
+    (``eval()``, ``predict()``) with the moved parameters would contradict the model's own
+    ``dist.reshard`` calls.  The next mode is traced as the user wrote it and placed again."""
+    import numpy as np
+    import paddle
+    from paddle.distributed.auto_parallel.api import dtensor_from_local
+
+    for param in engine._model.parameters():
+        user = engine.__dict__.get(_USER_PLACEMENTS, {}).get(param.name)
+        if user is None or not param.is_dist() or _placement_key(param)[:2] == user[:2]:
+            continue
+        (shape, ids, names), _, placements = user
+        mesh = paddle.distributed.ProcessMesh(np.array(ids).reshape(shape).tolist(), list(names))
+        with paddle.base.dygraph.guard():
+            local = list(param.shape)  # the holder's global shape must be the parameter's
+            for axis, placement in enumerate(placements):
+                if placement.is_shard():
+                    local[placement.get_dim()] //= mesh.shape[axis]
+            holder = dtensor_from_local(paddle.zeros(local, param.dtype), mesh, placements)
+        param.get_tensor()._share_data_with(holder.get_tensor())
+        param.get_tensor()._clear()
+
+
+def _keep_plan_per_mode(original):
+    """``Engine._prepare_program(mode)``: the engine keeps ONE pipeline plan (the last mode
+    prepared) and hands its executor a plan only when it initialises the parameters, so
+    ``eval()`` after ``train()`` ran the training plan with the evaluation program's fetch.
+    Each mode's plan is kept here (see :func:`_switch_to_the_mode_plan`)."""
+    def _prepare_program(self, mode, *args, **kwargs):
+        if self.__dict__.get(_PLANS):  # another mode ran first: trace this one as written
+            _restore_user_placements(self)
+        result = original(self, mode, *args, **kwargs)
+        if self._job_plan is not None and self._strategy.pipeline.enable:
+            self.__dict__.setdefault(_PLANS, {})[mode] = self._job_plan
+            self.__dict__.setdefault(_MODE_STATE, {})[mode] = {
+                key: getattr(self, key) for key in _SHARED_BY_MODES}
+        return result
+    return _prepare_program
+
+
+def _whole_batch_spec(original):
+    """``Engine.prepare`` for ``DistModel.predict()``: it hands the engine the inputs spec the
+    engine already cut to micro-batches for training, which would be cut again (``Requires
+    batch_size[2] to be divisible by k_steps[4]``): given back whole."""
+    import copy
+
+    def prepare(self, inputs_spec=None, *args, mode=None, **kwargs):
+        steps = getattr(self, "_acc_steps", 1)
+        if mode == "predict" and steps > 1 and inputs_spec is not None \
+                and self._strategy.pipeline.enable and _same_specs(inputs_spec, self._inputs_spec):
+            inputs_spec = copy.deepcopy(inputs_spec)
+            for spec in inputs_spec if isinstance(inputs_spec, (list, tuple)) else [inputs_spec]:
+                spec.shape = [spec.shape[0] * steps] + list(spec.shape[1:])
+        outside = self._outside_dataloader
+        result = original(self, inputs_spec, *args, mode=mode, **kwargs)
+        if mode == "predict" and self._in_pir_mode and self._strategy.pipeline.enable:
+            # a spec (not a loader) marks the data "outside", which sends every later run to
+            # the legacy reader set-up, absent in PIR mode (KeyError 'predict')
+            self._outside_dataloader = outside
+            self.__dict__.setdefault(_MODE_STATE, {})["predict"]["_outside_dataloader"] = outside
+        return result
+    return prepare
+
+
+#: what the engine keeps ONE copy of for all modes (a prediction's specs have no labels, its
+#: fetched value another name)
+_SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inputs", "_labels",
+                    "_orig_main_prog", "_orig_startup_prog", "_loss_names", "_losses")
+_MODE_STATE = "_pipesplit_mode_state"
+
+
+def _same_specs(a, b) -> bool:
+    as_list = (lambda x: list(x) if isinstance(x, (list, tuple)) else [x])
+    a, b = as_list(a), as_list(b or [])
+    return len(a) == len(b) and all(x.name == y.name and list(x.shape) == list(y.shape)
+                                    for x, y in zip(a, b))
+
+
+def _name_the_prediction(original):
+    """``Engine._build("predict")``: in PIR mode the engine fetches its "loss" by a name the
+    traced program gives it, which a prediction program (no loss) lacks (``IndexError`` in
+    ``Engine.run``): the model's first output gets a name and is fetched instead, as
+    ``DistModel.predict()`` documents (the outputs of the model)."""
+    def _build(self, mode):
+        result = original(self, mode)
+        if mode == "predict" and self._in_pir_mode and self._strategy.pipeline.enable \
+                and not self._loss_names and self.program_helper.output_vars:
+            import paddle
+
+            program = self.program_helper.main_program
+            name = paddle.utils.unique_name.generate("prediction")
+            with paddle.static.program_guard(program):
+                paddle.pir.set_insertion_point_to_block_end(program.global_block())
+                paddle._C_ops.set_persistable_value(self.program_helper.output_vars[0], name)
+            self._loss_names = [name]
+        return result
+    return _build
+
+
+def _switch_to_the_mode_plan(original):
+    """``Engine.to_mode`` (``DistModel.train()`` / ``eval()`` / ``predict()``): the executor, the
+    loss fetch and the feed names use the plan and the data specs of the mode that runs,
+    whichever mode was prepared last."""
+    def to_mode(self, mode):
+        original(self, mode)
+        for key, value in self.__dict__.get(_MODE_STATE, {}).get(mode, {}).items():
+            setattr(self, key, value)
+        plan = self.__dict__.get(_PLANS, {}).get(mode)
+        if plan is not None:
+            self._job_plan = plan
+            if self._executor.plan is not plan:
+                self._executor._set_plan(plan)
+    return to_mode
 
 
 def _complete_chunk_id(original):
@@ -251,8 +389,11 @@ def enable_strategy() -> None:
                        ("check_chunk_id", _check_chunk_id)):
         _originals[(engine.__name__, name)] = getattr(engine, name)
         setattr(engine, name, wrap(getattr(engine, name)))
-    _originals[("Engine", "__init__")] = engine.Engine.__init__
-    engine.Engine.__init__ = _engine_init(engine.Engine.__init__)
+    for name, wrap in (("__init__", _engine_init), ("_prepare_program", _keep_plan_per_mode),
+                       ("to_mode", _switch_to_the_mode_plan), ("prepare", _whole_batch_spec),
+                       ("_build", _name_the_prediction)):
+        _originals[("Engine", name)] = getattr(engine.Engine, name)
+        setattr(engine.Engine, name, wrap(getattr(engine.Engine, name)))
 
 
 def disable_strategy() -> None:

@@ -386,6 +386,21 @@ def adamw_with_global_norm_clipping_is_accepted():
     return _apply(main, startup, "ZBH1"), [main, startup]
 
 
+def lr_scheduler_unknown_to_the_runner():
+    """Sub-programs made elsewhere read an LR scheduler's learning rate and nothing names the
+    scheduler: refused, rather than trained at the initial rate."""
+    from pipesplit.ir_utils import (PlanRunner, build_mlp, fthenb_order, init_scope, make_plan,
+                                    split_program)
+
+    model = build_mlp(num_stages=2, batch_size=BATCH, lr_schedule="step")
+    split = split_program(model.main, 2, num_micro_batches=M)
+    for program in split.programs.values():
+        if hasattr(program, "lr_scheduler"):
+            del program.lr_scheduler, program.lr_name
+    plan = make_plan(fthenb_order(2, M), split.programs, M)
+    return (lambda: PlanRunner(plan, init_scope(model, split))), [model.main, model.startup]
+
+
 CASES = {f.__name__: f for f in [
     runner_scope_none, run_plan_scope_none, runner_plan_none, runner_place_string,
     erased_parameter_after_a_step, erased_accumulator_after_a_step, init_scope_not_called,
@@ -401,6 +416,7 @@ CASES = {f.__name__: f for f in [
     memory_limit_inf, memory_limit_bool, costs_comm_nan, costs_w_memory_nan, costs_a_list,
     costs_wrong_stage_count, split_program_num_chunks,
     unfetched_loss_trains_like_unsplit, adamw_with_global_norm_clipping_is_accepted,
+    lr_scheduler_unknown_to_the_runner,
 ]}
 
 #: case -> (exception type name or None, strings the message's first line contains)
@@ -450,6 +466,8 @@ EXPECTED = {
     "split_program_num_chunks": ("ValueError", ["num_chunks=3", "chunk ids are [0, 1]"]),
     "unfetched_loss_trains_like_unsplit": (None, []),
     "adamw_with_global_norm_clipping_is_accepted": (None, []),
+    "lr_scheduler_unknown_to_the_runner": ("ValueError", [
+        "learning rate ['learning_rate_0'] of an LR scheduler", "program=main"]),
 }
 
 

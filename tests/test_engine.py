@@ -172,18 +172,21 @@ def test_disable_gives_paddle_its_engine_back():
 
 
 def test_cpu_support_patches_only_a_cpu_build_and_undoes_it():
+    from paddle.distributed.auto_parallel.api import DistModel
     from paddle.distributed.auto_parallel.static.process_group import ProcessGroup
 
-    before = (ProcessGroup.instantiate, paddle.base.core.reshard, paddle._legacy_C_ops.barrier)
+    def current():
+        return (ProcessGroup.instantiate, paddle.base.core.reshard, paddle._legacy_C_ops.barrier,
+                paddle.base.executor.Executor._set_plan, DistModel.__init__)
+
+    before = current()
     assert cpu_support.enable() == cpu_support.needed()
     try:
         if cpu_support.needed():
-            assert ProcessGroup.instantiate is not before[0]
-            assert paddle.base.core.reshard is not before[1]
+            assert all(now is not then for now, then in zip(current(), before))
     finally:
         cpu_support.disable()
-    assert (ProcessGroup.instantiate, paddle.base.core.reshard,
-            paddle._legacy_C_ops.barrier) == before
+    assert current() == before
 
 
 def test_block_meshes_follow_the_placement():

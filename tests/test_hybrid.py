@@ -130,3 +130,155 @@ def test_lockstep_order_is_the_gpu_order_plus_bystander_jobs(name, vpp, m):
             if job_type.startswith(BYSTANDER):
                 _, who, _ = job_type.split("_", 2)
                 assert int(who) != r
+
+
+# --------------------------------------------------------------------------- GPU structure
+
+STRUCTURE = ROOT / "tests" / "llama_gpu_structure.py"
+STRUCTURE_SCHEDULES = ["1F1B", "VPP", "ZBH1", "InterleavedZB", "ZBV", "ZBVPP", "DualPipeV"]
+DP, PP, MP = 2, 2, 2
+
+
+def _coords(process):
+    """(dp, pp, mp) of a process of the global mesh arange(8).reshape(2, 2, 2)."""
+    return process // (PP * MP), process // MP % PP, process % MP
+
+
+def _collectives(ops):
+    return [op for op in ops if op["op"] in ("pd_op.all_reduce", "pd_op.all_gather")]
+
+
+@pytest.fixture(scope="module")
+def structure(tmp_path_factory):
+    """The NCCL plans of dp2 x mp2 x pp2 (8 processes, one launch), built on a CPU build:
+    (tag, rank) -> the rank's record."""
+    from test_engine import _launch
+
+    work = tmp_path_factory.mktemp("llama_structure")
+    configs = [(name, ["--dp", "2", "--mp", "2", "--pp", "2", "--schedule", name, "--vpp",
+                       str(VPP_OF.get(name, 1)), "-m", "4"]) for name in STRUCTURE_SCHEDULES]
+    (work / "configs.json").write_text(json.dumps(configs))
+    rc, logs = _launch(work, STRUCTURE, work / "configs.json", work, nproc=DP * PP * MP)
+    assert rc == 0, logs[-4000:]
+    return {(tag, r): json.loads((work / f"{tag}.rank{r}.json").read_text())
+            for tag, _ in configs for r in range(DP * PP * MP)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STRUCTURE_SCHEDULES)
+def test_cuda_plans_of_dp2_mp2_pp2_have_peers_rings_and_events_per_group(structure, name):
+    """Peers by mesh coordinate, p2p on a two-process ring of the pair, mp / dp collectives on
+    their group's ring in the same order on every member, the dp gradient all-reduce only in
+    the optimizer, and an event edge on every transfer."""
+    from pipesplit.job_list.placement import Placement
+    from pipesplit.job_list.registry import get_spec
+
+    vpp = VPP_OF.get(name, 1)
+    placement = Placement(get_spec(name).placement, PP, vpp)
+    records = {r: structure[(name, r)] for r in range(DP * PP * MP)}
+    for r, record in records.items():
+        d, s, m = _coords(r)
+        assert record["pp_rank"] == s
+        assert record["pipe"] == [d * PP * MP + k * MP + m for k in range(PP)]
+        programs = record["programs"]
+        recorded = {op["event_to_record"] for ops in programs.values() for op in ops
+                    if "event_to_record" in op}
+        waited = {e for ops in programs.values() for op in ops for e in op.get("events_to_wait", [])}
+        comm = {t for t, _ in record["job_order"] if t.startswith(("send", "recv"))}
+        assert comm, (name, r)
+        for job_type in comm:
+            kind = job_type.rstrip("0123456789")
+            stage = placement.stage(s, int(job_type[len(kind):]))
+            neighbour = stage + 1 if kind in ("send_forward", "recv_backward") else stage - 1
+            p2p = [op for op in programs[job_type] if op["op"] in ("pd_op.send_v2", "pd_op.recv_v2")]
+            assert p2p, (name, r, job_type)
+            for op in p2p:
+                peer = record["pipe"][placement.rank_of(neighbour)]
+                assert op["pipesplit_peer"] == peer and _coords(peer)[::2] == (d, m)
+                assert sorted(op["ring_ranks"]) == sorted((r, peer))
+                if op["op"] == "pd_op.send_v2":
+                    assert set(op["events_to_wait"]) <= recorded
+                else:
+                    assert op["event_to_record"] in waited
+        for job_type, ops in programs.items():
+            for op in _collectives(ops):  # within the stage: mp or dp group
+                members = op["ring_ranks"]
+                assert r in members and {_coords(p)[1] for p in members} == {s}, (job_type, op)
+                if job_type.startswith("backward"):  # dp reduces gradients once, in the optimizer
+                    assert {_coords(p)[0] for p in members} == {d}, (job_type, op)
+        dp_reduces = [op for op in _collectives(programs["optimizer"])
+                      if op["op"] == "pd_op.all_reduce"
+                      and sorted(op["ring_ranks"]) == [k * PP * MP + s * MP + m for k in range(DP)]]
+        assert dp_reduces, (name, r)
+    for r, record in records.items():  # the same collectives in the same order in a group
+        d, s, m = _coords(r)
+        mp_peer, dp_peer = records[r ^ 1], records[r ^ (PP * MP)]
+        assert mp_peer["job_order"] == record["job_order"] == dp_peer["job_order"]
+        for job_type, ops in record["programs"].items():
+            mine = [(op["op"], op["ring_id"], op["shape"]) for op in _collectives(ops)]
+            theirs = [(op["op"], op["ring_id"], op["shape"])
+                      for op in _collectives(mp_peer["programs"][job_type])]
+            mp_only = [c for c in mine if c[1] in {op["ring_id"] for op in _collectives(ops)
+                                                  if r ^ 1 in op["ring_ranks"]}]
+            assert [c for c in theirs if c[1] in {x[1] for x in mp_only}] == mp_only, job_type
+            assert [(o, sh) for o, _, sh in mine] == [
+                (op["op"], op["shape"]) for op in _collectives(dp_peer["programs"][job_type])]
+
+
+# --------------------------------------------------------------------------- stage meshes
+
+def _program_on(meshes):
+    """A static program whose layers sit on ``meshes`` in turn (as the engine sees a model)."""
+    import paddle
+    import paddle.distributed as dist
+
+    main = paddle.static.Program()
+    with paddle.static.program_guard(main):
+        x = paddle.static.data("x", [4, 8], "float32")
+        for i, mesh in enumerate(meshes):
+            replicated = [dist.Replicate()] * mesh.ndim
+            w = dist.shard_tensor(paddle.ones([8, 8]), mesh, replicated)
+            x = dist.reshard(x, mesh, replicated) if i else dist.shard_tensor(x, mesh, replicated)
+            x = paddle.matmul(x, w)
+    return main
+
+
+@pytest.fixture
+def static_mode():
+    import paddle
+
+    paddle.enable_static()
+    yield
+    paddle.disable_static()
+
+
+def test_the_pipeline_of_a_process_comes_from_the_stage_meshes_coordinates(static_mode):
+    from types import SimpleNamespace
+
+    import paddle.distributed as dist
+    from pipesplit.passes.strategy import record_pipe
+
+    mesh = dist.ProcessMesh([[[0, 1], [2, 3]], [[4, 5], [6, 7]]], ["dp", "pp", "mp"])
+    strategy = SimpleNamespace(pp_degree=2)
+    program = _program_on([mesh.get_mesh_with_dim("pp", i) for i in range(2)])
+    assert record_pipe(program, strategy).processes == (0, 2)  # this process is 0: dp0, mp0
+    assert strategy._pipesplit_pipe.processes == (0, 2)
+
+
+@pytest.mark.parametrize("meshes,message", [
+    ([[0, 1], [2]], r"stage meshes must all hold the same number of processes .*stage 1: \[2\]"),
+    ([[0], [1], [2]], r"strategy.pipeline.pp_degree is 2, but the model's layers are placed on "
+                      r"3 stage mesh\(es\)"),
+])
+def test_stage_meshes_pipesplit_cannot_serve_are_refused_before_anything_runs(
+        static_mode, meshes, message):
+    from types import SimpleNamespace
+
+    import paddle.distributed as dist
+    from pipesplit.passes.strategy import record_pipe
+
+    program = _program_on([dist.ProcessMesh(ids, ["x"]) for ids in meshes])
+    strategy = SimpleNamespace(pp_degree=2)
+    with pytest.raises(ValueError, match=message):
+        record_pipe(program, strategy)
+    assert not hasattr(strategy, "_pipesplit_pipe")

@@ -149,30 +149,123 @@ def test_adam_difference_is_bounded():
 
 
 def test_lr_scheduler_is_applied_each_step():
-    from pipesplit.ir_utils import PlanRunner, apply_lr_scheduler
-    from pipesplit.passes import apply_pipeline
+    from pipesplit.ir_utils import apply_lr_scheduler
 
     case = U.Case(lr_schedule="step")
     ref_losses, ref_params = U.train_unsplit(case, 2, M)
     losses, params, _ = U.train_split(case, "ZBH1", 2, 1, M)
     assert U.max_diffs(losses, params, ref_losses, ref_params) <= (TOL, TOL)
-    # without the program the runner cannot know the scheduler: the LR stays the initial one
-    prog = U.build(case, 2)
-    pipeline = apply_pipeline(prog.main, prog.startup, "ZBH1",
-                              dict(num_micro_batches=M, pp_degree=2))
-    scope = U.new_scope(prog)
-    pipeline.init_scope(scope)
-    runner = PlanRunner(pipeline.plan, scope)
-    for step in range(U.STEPS):
-        runner.step(U.batch(case, step, M * U.MICRO_BATCH_SIZE))
-        prog.scheduler.step()
-    stale = U.read(scope, prog.param_names)
-    assert max(float(np.max(np.abs(stale[n] - ref_params[n]))) for n in stale) > 1e-4
     # the helper writes the scheduler's current value, as Executor.run does
+    prog = U.build(case, 2)
+    scope = U.new_scope(prog)
+    for _ in range(U.STEPS):
+        prog.scheduler.step()
     assert apply_lr_scheduler(prog.main, scope) == pytest.approx(0.1 * 0.5 ** U.STEPS)
     assert float(np.array(scope.find_var(prog.main.lr_name).get_tensor())) == \
         pytest.approx(0.1 * 0.5 ** U.STEPS)
     assert apply_lr_scheduler(U.build(U.Case(), 2).main, scope) is None
+
+
+# the issue's program: an LR scheduler the runner used to ignore unless given the program
+LR_CASE = U.Case(model="mlp", optimizer="momentum", clip="global_norm", lr_schedule="step")
+
+
+def _plan_alone(prog, way):
+    """(core.Plan, scope ready for it), the plan being all that is kept of the split: from
+    Paddle's pass registry (the ``plan`` attribute) or made of split_program's sub-programs."""
+    import gc
+
+    from paddle.distributed.passes import PassContext, new_pass
+
+    import pipesplit.passes  # noqa: F401  (registers pipesplit_scheduler_<NAME>)
+    from pipesplit.ir_utils import fthenb_order, make_plan, split_program
+
+    if way == "pass":
+        context = new_pass("pipesplit_scheduler_ZBH1", dict(num_micro_batches=M, pp_degree=2)
+                           ).apply([prog.main], [prog.startup], PassContext())
+        plan, split = context.get_attr("plan"), context.get_attr("pipesplit_plan").split
+        del context
+    else:
+        split = split_program(prog.main, 2, num_micro_batches=M)
+        plan = make_plan(fthenb_order(2, M), split.programs, M)
+    scope = U.new_scope(prog)
+    split.init_scope(scope)
+    del split
+    gc.collect()  # the sub-programs' Python objects go: the plan alone must know its scheduler
+    return plan, scope
+
+
+def _train(runner, prog, case):
+    losses = []
+    for step in range(U.STEPS):
+        losses.append([float(x) for x in runner.step(U.batch(case, step, M * U.MICRO_BATCH_SIZE))])
+        prog.scheduler.step()
+    return np.array(losses), U.read(runner.scope, prog.param_names)
+
+
+@pytest.mark.parametrize("way", ["pass", "split_program"])
+def test_plan_runner_applies_the_lr_scheduler_unasked(way):
+    """``PlanRunner(plan, scope)`` with no program: the scheduler the plan was split under is
+    applied every step (it used to stay at its initial rate, 0.11 .. 0.33 off)."""
+    import paddle
+    from pipesplit.ir_utils import PlanRunner, lr_program_of
+
+    prog = U.build(LR_CASE, 2)
+    plan, scope = _plan_alone(prog, way)
+    assert isinstance(plan, paddle.base.core.Plan)
+    assert lr_program_of(plan).lr_scheduler is prog.scheduler
+    losses, params = _train(PlanRunner(plan, scope), prog, LR_CASE)
+    ref_losses, ref_params = U.train_unsplit(LR_CASE, 2, M)
+    assert U.max_diffs(losses, params, ref_losses, ref_params) <= (TOL, TOL)
+    # and the scheduler matters: a constant rate ends far from it
+    constant = U.train_unsplit(U.Case(model="mlp", optimizer="momentum", clip="global_norm"),
+                               2, M)[1]
+    assert max(float(np.max(np.abs(constant[n] - ref_params[n]))) for n in params) > 1e-3
+
+
+def test_plan_with_an_unknown_lr_scheduler_is_refused():
+    """A plan reading a scheduler's learning rate whose scheduler nobody names (sub-programs
+    made elsewhere) is refused rather than trained at the initial rate; a constant rate (a
+    data op, not a parameter) never is."""
+    from dataclasses import replace
+
+    from pipesplit.ir_utils import (PlanRunner, fthenb_order, lr_program_of, make_plan,
+                                    run_plan, split_program)
+    from pipesplit.ir_utils.checks import plan_inputs
+
+    prog = U.build(LR_CASE, 2)
+    split = split_program(prog.main, 2, num_micro_batches=M)
+    for program in split.programs.values():  # as sub-programs made elsewhere come
+        if hasattr(program, "lr_scheduler"):
+            del program.lr_scheduler, program.lr_name
+    plan = make_plan(fthenb_order(2, M), split.programs, M)
+    assert lr_program_of(plan) is None
+    assert plan_inputs(plan).scheduled_lr == (prog.main.lr_name,)
+    scope = U.new_scope(prog)
+    split.init_scope(scope)
+    feed = U.batch(LR_CASE, 0, M * U.MICRO_BATCH_SIZE)
+    unknown = r"learning rate \['learning_rate_0'\] of an LR scheduler, but no scheduler is " \
+              r"known.*program=main"
+    with pytest.raises(ValueError, match=unknown):
+        PlanRunner(plan, scope)
+    with pytest.raises(ValueError, match=unknown):
+        run_plan(plan, scope, feed)
+    other = U.build(LR_CASE, 2).main
+    other.lr_name = "learning_rate_7"
+    with pytest.raises(ValueError, match="drives learning-rate variable 'learning_rate_7'"):
+        PlanRunner(plan, scope, program=other)
+    # named by the program, it trains as the unsplit program does
+    losses, params = _train(PlanRunner(plan, scope, program=prog.main), prog, LR_CASE)
+    assert U.max_diffs(losses, params, *U.train_unsplit(LR_CASE, 2, M)) <= (TOL, TOL)
+    # a constant learning rate: nothing to apply, nothing refused
+    case = replace(LR_CASE, lr_schedule="constant")
+    const = U.build(case, 2)
+    const_split = split_program(const.main, 2, num_micro_batches=M)
+    const_plan = make_plan(fthenb_order(2, M), const_split.programs, M)
+    assert lr_program_of(const_plan) is None and plan_inputs(const_plan).scheduled_lr == ()
+    const_scope = U.new_scope(const)
+    const_split.init_scope(const_scope)
+    assert len(PlanRunner(const_plan, const_scope).step(U.batch(case, 0, len(feed["x"])))) == M
 
 
 def test_builders_take_the_training_options():

@@ -1,0 +1,96 @@
+"""Build the CUDA (NCCL) plans of ``examples/llama_auto_parallel.py`` on a CPU build, several
+configurations in ONE launch, and describe them (nothing runs).
+
+``llama_gpu_structure.py CONFIGS.json OUT_DIR``: CONFIGS.json lists ``[tag, [example arguments]]``;
+every rank goes through ``dist.to_static`` up to the engine's pipeline pass, builds its plan with
+``backend="nccl"`` and writes ``OUT_DIR/<tag>.rank<r>.json``: its pipeline (processes by
+pipeline rank), the job order and, per program, every collective / p2p op (ring, its processes,
+peer, stream, events) and the event edges of compute ops.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import llama_auto_parallel as example  # noqa: E402
+
+import paddle  # noqa: E402
+import paddle.distributed as dist  # noqa: E402
+from paddle.distributed.auto_parallel.static import engine as paddle_engine  # noqa: E402
+from paddle.distributed.auto_parallel.static.process_group import get_process_group  # noqa: E402
+
+from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
+from pipesplit.passes.engine import build_engine_rank_plan  # noqa: E402
+
+KEYS = ("ring_id", "peer", "pipesplit_peer", "nranks", "event_to_record", "events_to_wait")
+
+
+class Built(Exception):
+    """The plan is written; the configuration ends here (a CPU build cannot run NCCL)."""
+
+
+def describe(program):
+    out = []
+    for op in program.global_block().ops:
+        attrs = op.attrs()
+        entry = {"op": op.name()}
+        for key in KEYS:
+            if key in attrs and attrs[key] not in ("", [], None):
+                entry[key] = list(attrs[key]) if isinstance(attrs[key], list) else attrs[key]
+        if "ring_id" in entry:
+            group = get_process_group(entry["ring_id"])
+            entry["ring_ranks"] = list(group.ranks) if group is not None else None
+            shape = op.operand_source(0).shape if op.num_operands() else attrs.get("out_shape")
+            entry["shape"] = [int(d) for d in shape]
+        if op.name() in ("pd_op.send_v2", "pd_op.recv_v2"):
+            entry["stream"] = attrs.get("execution_stream")
+        if len(entry) > 1:
+            out.append(entry)
+    return out
+
+
+def main() -> int:
+    configs = json.loads(Path(sys.argv[1]).read_text())
+    out_dir = Path(sys.argv[2])
+    os.environ.pop("POD_NAME", None)  # no fleet.init: the engine does not need it
+    tag = [None]
+
+    def nccl_pass(mains, starts, pipeline_strategy):
+        config = pipesplit_strategy.config_from_strategy(pipeline_strategy)
+        pipe = pipesplit_strategy.pipe_from_strategy(pipeline_strategy)
+        built = build_engine_rank_plan(mains[0], config, "nccl", pipe)
+        record = {"rank": dist.get_rank(), "pp_rank": config.pp_stage,
+                  "pipe": list(pipe.processes), "schedule": built.schedule.name,
+                  "pp": config.pp_degree, "vpp": config.vpp_degree,
+                  "job_order": built.job_order,
+                  "programs": {t: describe(p) for t, p in built.split.programs.items()}}
+        (out_dir / f"{tag[0]}.rank{dist.get_rank()}.json").write_text(json.dumps(record))
+        raise Built()
+
+    original_enable = pipesplit_strategy.enable_strategy
+
+    def enable():
+        original_enable()
+        paddle_engine.pipeline_pass = nccl_pass
+
+    pipesplit_strategy.enable_strategy = enable
+    rank, world = None, None
+    for tag[0], argv in configs:
+        with paddle.utils.unique_name.guard(), paddle.static.scope_guard(paddle.static.Scope()):
+            try:
+                example.main(list(argv) + ["--tag", tag[0]])
+            except Built:
+                pass
+        rank, world = dist.get_rank(), dist.get_world_size()
+        example.exchange(rank, world, {}, key=f"{tag[0]}/structure")
+    store = paddle.base.core.create_or_get_global_tcp_store()
+    store.set(f"structure/leaving/{rank}", b"1")
+    if rank == 0:  # rank 0 hosts the store: leave last
+        for r in range(world):
+            store.get(f"structure/leaving/{r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
