@@ -243,6 +243,9 @@ def parse_args(argv=None):
                         "placed by pipesplit.passes.engine.block_meshes for the schedule; or a "
                         "schedule name: placed for that one (another placement than the "
                         "schedule's shows the mismatch error)")
+    p.add_argument("--loader", choices=("plain", "sharded"), default="plain",
+                   help="plain: a paddle.io.DataLoader (every rank fed the whole batch); "
+                        "sharded: dist.shard_dataloader(meshes=[first, last]) as Paddle's docs")
     p.add_argument("--modes", default="train",
                    help="comma-separated phases, each over the data: train, eval (losses, no "
                         "update), predict (outputs of the first batch); e.g. train,eval,train")
@@ -285,8 +288,10 @@ def main(argv=None) -> int:
     opt = make_optimizer(args, model.parameters())
     data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
     loader = paddle.io.DataLoader(data, batch_size=args.batch, shuffle=False)
-    # every rank is fed the whole batch; the engine gives each data op the mesh of its users
-    dist_loader = loader
+    if args.loader == "sharded":  # inputs on the first stage's mesh, labels on the last's
+        dist_loader = dist.shard_dataloader(loader, meshes=[meshes[0], meshes[-1]])
+    else:  # every rank is fed the whole batch; each data op goes with its first reader
+        dist_loader = loader
     dist_model = dist.to_static(model, dist_loader, lm_loss, opt, make_strategy(args))
 
     got, eval_change = run_modes(args, dist_model, dist_loader, opt)

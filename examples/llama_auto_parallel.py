@@ -354,28 +354,13 @@ def check_degrees(args, world):
     args.batch = args.dp * args.m * args.micro_batch_size  # global batch of a step
 
 
-def loss_stage(args):
-    """The pp stage whose ranks compute the loss: the last, or the first for a V-placement
-    schedule (ZBV, DualPipeV ...: the last chunk comes back to stage 0's ranks)."""
-    from pipesplit.job_list.registry import get_spec
-    v = not args.paddle and args.vpp > 1 and get_spec(args.schedule).placement == "v"
-    return 0 if v else args.pp - 1
-
-
 def make_loader(args, data):
-    """``dist.shard_dataloader`` over dp: the input ids on the first stage's mesh, the labels on
-    the mesh of the stage that computes the loss (only ranks of that mesh are fed them)."""
+    """``dist.shard_dataloader`` over dp, as Paddle's docs write it: the input ids on the first
+    stage's mesh, the labels on the last's (pipesplit routes them to the loss's stage, which
+    V-placed schedules bring back to the first mesh)."""
     loader = paddle.io.DataLoader(data, batch_size=args.batch, shuffle=False)
-    try:
-        return dist.shard_dataloader(loader, meshes=[get_mesh(0), get_mesh(loss_stage(args))],
-                                     shard_dims="dp")
-    except TypeError as e:  # numpy 2 vs paddle 3.3.1 (the numpy pin is handled elsewhere)
-        if "0-dimensional arrays" not in str(e) or args.dp > 1:
-            raise
-        # dp = 1: every rank is fed the whole batch; the engine gives each data op the mesh
-        # of its users
-        print(f"shard_dataloader: {e}; plain DataLoader instead", file=sys.stderr)
-        return loader
+    return dist.shard_dataloader(loader, meshes=[get_mesh(0), get_mesh(args.pp - 1)],
+                                 shard_dims="dp")
 
 
 def main(argv=None) -> int:

@@ -68,8 +68,10 @@ def _blocks_in_model_order(ops, seg_method, meshes) -> bool:
 
 
 #: ops that keep their mesh: reshards (re-made where needed), parameters (they move with their
-#: readers) and data (fed on the meshes the user's loader names)
+#: readers) and data (placed apart: :func:`_place_feeds`)
 _STAY = ("dist_op.reshard", "builtin.parameter", "pd_op.data")
+#: the pipeline strategy's note of the feeds a ``dist.shard_dataloader`` puts on given meshes
+FED_MESHES = "_pipesplit_fed_meshes"
 
 
 def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
@@ -95,14 +97,16 @@ def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
         return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
     target = _targets(dist_program, pipeline_strategy, kind, meshes)
     moved = _reshard_boundaries(dist_program, target)
+    _check_feeds_reach_their_readers(moved, target, meshes, kind, pipeline_strategy)
     for op in dist_program.global_block().ops:
         if op.id() in target:
-            mesh, chunk = target[op.id()]
+            mesh, chunk, _ = target[op.id()]
             _set_process_mesh_and_chunk_id(op, mesh, chunk, set_input_mesh=True,
                                            set_output_mesh=True)
-    for out, src_attr, src, dst, chunk, dst_attr in moved.values():
+    for out, src_attr, src, dst, chunk, dst_attr, reader in moved.values():
         if src_attr is not None:  # (a reshard from a mesh that stays was made right)
             _describe_stage_reshard(out, src_attr, src, dst, chunk, dst_attr)
+
     for op in list(dist_program.global_block().ops):  # the user's reshards nobody reads now
         if op.name() == "dist_op.reshard" and op.result(0).use_empty():
             op.erase()
@@ -137,8 +141,39 @@ def _targets(dist_program, pipeline_strategy, kind, meshes) -> dict:
                 or op.dist_attr.process_mesh not in meshes:
             continue  # (ops on the global mesh, e.g. a mask every stage reads, stay there)
         stage = seg * stages // len(segments)
-        target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp)
+        target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp, stage)
+    _place_feeds(dist_program, target, getattr(pipeline_strategy, FED_MESHES, {}))
     return target
+
+
+def _place_feeds(dist_program, target, fed_meshes) -> None:
+    """A feed every rank is given (a plain ``DataLoader``) goes with its first reader; one a
+    ``dist.shard_dataloader`` feeds on given meshes stays there (its readers elsewhere get it
+    through a transfer: :func:`_check_feeds_reach_their_readers`)."""
+    for op in dist_program.global_block().ops:
+        if op.name() != "pd_op.data" or op.dist_attr is None \
+                or op.attrs()["name"] in fed_meshes:
+            continue
+        readers = _readers_through_reshards(op, target)
+        if readers:
+            target[op.id()] = target[min(readers, key=_position(dist_program)).id()]
+
+
+def _readers_through_reshards(op, target) -> list:
+    """The moving ops that read ``op``'s result, directly or through the engine's reshards."""
+    readers, todo = [], list(op.result(0).all_used_ops())
+    while todo:
+        user = todo.pop()
+        if user.id() in target:
+            readers.append(user)
+        elif user.name().startswith("dist_op.") and user.num_results():
+            todo.extend(user.result(0).all_used_ops())
+    return readers
+
+
+def _position(dist_program):
+    index = {op.id(): i for i, op in enumerate(dist_program.global_block().ops)}
+    return lambda op: index[op.id()]
 
 
 def _reshard_boundaries(dist_program, target) -> dict:
@@ -151,24 +186,76 @@ def _reshard_boundaries(dist_program, target) -> dict:
     for op in dist_program.global_block().ops:
         if op.id() not in target:
             continue
-        mesh, chunk = target[op.id()]
+        mesh, chunk, _ = target[op.id()]
         for i, value in enumerate(op.operands_source()):
             producer = value.get_defining_op() if value.initialized() else None
             if producer is not None and producer.name() == "dist_op.reshard":
                 _follow_reshard(op, i, producer, mesh, target, moved)
                 continue
-            if producer is None or producer.id() not in target \
-                    or target[producer.id()][0] == mesh:
+            feed = _feed_on_another_mesh(producer, mesh, target)
+            if producer is None or (producer.id() not in target and not feed) \
+                    or (not feed and target[producer.id()][0] == mesh):
                 continue  # (a parameter moves with the op that reads it)
             key = (value.id, mesh.process_ids[0])
             if key not in moved:  # right after the producer: between the two blocks
                 paddle.pir.set_insertion_point_after(producer)
                 src_attr = value.dist_attr()
+                if feed:  # sent from where its reader's stage begins (see _copy_of_feed)
+                    value = _copy_of_feed(value, op)
                 out = paddle.distributed.reshard(value, mesh, src_attr.placements)
                 out.get_defining_op().op_role = producer.op_role
-                moved[key] = (out, src_attr, target[producer.id()][0], mesh, chunk, src_attr)
+                src = src_attr.process_mesh if feed else target[producer.id()][0]
+                moved[key] = (out, src_attr, src, mesh, chunk, src_attr, op.id() if feed else None)
             op.operand(i).set_source(moved[key][0])
     return moved
+
+
+def _copy_of_feed(value, reader):
+    """A copy of the feed ``value`` on its own mesh, placed right before ``reader``: the engine
+    sends a value from its producer's chunk, and chunks follow program order (the data op
+    itself sits at the top, in the first chunk); the copy is in the reader's."""
+    import paddle
+
+    paddle.pir.set_insertion_point(reader)
+    copy = paddle.assign(value)
+    copy.get_defining_op().op_role = reader.op_role
+    return copy
+
+
+def _feed_on_another_mesh(producer, mesh, target) -> bool:
+    """``producer`` is a data op a ``dist.shard_dataloader`` feeds on its mesh (it stays:
+    :func:`_place_feeds`), another stage's mesh than ``mesh``, where its reader now runs (the
+    labels of a loss the V placement moved)."""
+    if producer is None or producer.name() != "pd_op.data" or producer.dist_attr is None \
+            or producer.id() in target:
+        return False
+    return producer.dist_attr.process_mesh != mesh
+
+
+def _check_feeds_reach_their_readers(moved, target, meshes, kind, pipeline_strategy) -> None:
+    """A feed read on another stage's mesh rides the forward transfer into its reader's stage
+    (a reshard in the reader's chunk): it must be fed on the rank of the stage just before
+    (e.g. the labels on the last stage mesh when the V placement brings the loss back to the
+    first, pp = 2); otherwise say where to feed it."""
+    from pipesplit.job_list.placement import Placement
+
+    placement = Placement(kind, int(pipeline_strategy.pp_degree),
+                          int(pipeline_strategy.vpp_degree))
+    for out, src_attr, src, dst, chunk, dst_attr, reader in moved.values():
+        if reader is None:
+            continue
+        stage = target[reader][2]
+        feeder = meshes.index(src) if src in meshes else None
+        if stage == 0 or feeder != placement.rank_of(stage - 1):
+            name = out.get_defining_op().operand_source(0).get_defining_op().attrs()["name"]
+            schedule = getattr(pipeline_strategy, "_pipesplit_schedule", None) \
+                or pipeline_strategy.schedule_mode
+            raise ValueError(
+                f"strategy.pipeline.schedule_mode={schedule!r}: dist.shard_dataloader feeds "
+                f"{name!r} on stage mesh {list(src.process_ids)}, but what reads it runs "
+                f"on stage mesh {list(dst.process_ids)} ({kind} placement, stage {stage}); "
+                f"give dist.shard_dataloader the mesh of the stage that reads it "
+                f"(pipesplit.passes.engine.block_meshes) or a plain DataLoader")
 
 
 def _follow_reshard(op, index, reshard, mesh, target, moved) -> None:
@@ -189,8 +276,10 @@ def _follow_reshard(op, index, reshard, mesh, target, moved) -> None:
     if key not in moved:
         paddle.pir.set_insertion_point_after(reshard)
         src_attr = source.dist_attr()
-        own = paddle.distributed.reshard(source, mesh, result.dist_attr().placements)
+        feed = _feed_on_another_mesh(producer, mesh, target) and src_mesh != mesh
+        own = paddle.distributed.reshard(_copy_of_feed(source, op) if feed else source, mesh,
+                                         result.dist_attr().placements)
         own.get_defining_op().op_role = reshard.op_role
-        moved[key] = (own, src_attr if moving else None, src_mesh, mesh, target[op.id()][1],
-                      result.dist_attr())
+        moved[key] = (own, src_attr if moving or feed else None, src_mesh, mesh,
+                      target[op.id()][1], result.dist_attr(), op.id() if feed else None)
     op.operand(index).set_source(moved[key][0])

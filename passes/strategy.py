@@ -27,12 +27,13 @@ from pipesplit.job_list.pipe import Pipe, pipe_of
 from pipesplit.job_list.registry import get_spec
 
 from ._paddle import require_supported_paddle
-from .block_placement import assign_placement
+from .block_placement import FED_MESHES, assign_placement
 from .config import PipelineConfig
 from .core import PipelinePlan
 from .engine import build_engine_rank_plan, is_engine_program
 from .per_rank import resolve_device
 from .pipeline import split_and_schedule
+from .strategy_checks import check_engine_strategy
 from . import registration
 
 require_supported_paddle()
@@ -163,8 +164,14 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     global _last
     main = _single(dense_main_program, "dense_main_program")
     _single(dense_startup_program, "dense_startup_program")
+    engine_program = is_engine_program(main)
+    if engine_program and getattr(pipeline_strategy, _REQUESTED, None) is None:
+        raise ValueError(
+            "this engine was built before pipesplit.passes.strategy.enable_strategy() was "
+            "called: call enable_strategy() (and cpu_support.enable() on a CPU build) before "
+            "dist.to_static, so the engine's strategy is checked and its stage meshes seen")
     config = config_from_strategy(pipeline_strategy)
-    if is_engine_program(main):
+    if engine_program:
         if config.pp_stage is None:
             raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
         backend = "gloo" if resolve_device("auto") == "cpu" else "nccl"
@@ -189,6 +196,9 @@ def _engine_init(original):
         self.__dict__[_USER_PLACEMENTS] = _placements_of(self._model)
         pipeline = self._strategy.pipeline
         if pipeline.enable and getattr(pipeline, _REQUESTED, None) is None:
+            import paddle.distributed as dist
+
+            check_engine_strategy(pipeline, self._model, dist.get_world_size())
             check_strategy(pipeline)
             setattr(pipeline, _REQUESTED, str(pipeline.schedule_mode))
             pipeline.schedule_mode = _ENGINE_MODE
@@ -196,6 +206,16 @@ def _engine_init(original):
 
 
 _PLANS = "_pipesplit_plans"
+_SHARDED_LOADER = "_pipesplit_sharded_loader"
+
+
+def _note_a_sharded_loader(original):
+    """``Engine._prepare_data_spec_from_dataloader``: called for a ``dist.shard_dataloader``
+    only, whose feeds reach only the meshes it names (a plain loader feeds every rank)."""
+    def _prepare_data_spec_from_dataloader(self, *args, **kwargs):
+        self.__dict__[_SHARDED_LOADER] = True
+        return original(self, *args, **kwargs)
+    return _prepare_data_spec_from_dataloader
 _USER_PLACEMENTS = "_pipesplit_user_placements"
 
 
@@ -248,6 +268,10 @@ def _keep_plan_per_mode(original):
     def _prepare_program(self, mode, *args, **kwargs):
         if self.__dict__.get(_PLANS):  # another mode ran first: trace this one as written
             _restore_user_placements(self)
+        specs = _as_list(self._inputs_spec) + _as_list(self._labels_spec)
+        setattr(self._strategy.pipeline, FED_MESHES,  # a shard_dataloader's feeds and meshes
+                {spec.name: spec.mesh for spec in specs if getattr(spec, "mesh", None)}
+                if self.__dict__.get(_SHARDED_LOADER) else {})
         result = original(self, mode, *args, **kwargs)
         if self._job_plan is not None and self._strategy.pipeline.enable:
             self.__dict__.setdefault(_PLANS, {})[mode] = self._job_plan
@@ -288,9 +312,14 @@ _SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inp
 _MODE_STATE = "_pipesplit_mode_state"
 
 
+def _as_list(specs) -> list:
+    if specs is None:
+        return []
+    return list(specs) if isinstance(specs, (list, tuple)) else [specs]
+
+
 def _same_specs(a, b) -> bool:
-    as_list = (lambda x: list(x) if isinstance(x, (list, tuple)) else [x])
-    a, b = as_list(a), as_list(b or [])
+    a, b = _as_list(a), _as_list(b)
     return len(a) == len(b) and all(x.name == y.name and list(x.shape) == list(y.shape)
                                     for x, y in zip(a, b))
 
@@ -391,7 +420,8 @@ def enable_strategy() -> None:
         setattr(engine, name, wrap(getattr(engine, name)))
     for name, wrap in (("__init__", _engine_init), ("_prepare_program", _keep_plan_per_mode),
                        ("to_mode", _switch_to_the_mode_plan), ("prepare", _whole_batch_spec),
-                       ("_build", _name_the_prediction)):
+                       ("_build", _name_the_prediction),
+                       ("_prepare_data_spec_from_dataloader", _note_a_sharded_loader)):
         _originals[("Engine", name)] = getattr(engine.Engine, name)
         setattr(engine.Engine, name, wrap(getattr(engine.Engine, name)))
 

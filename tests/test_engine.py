@@ -73,7 +73,19 @@ def _configs():
     out.append(("ZBH1_m4_clipnorm", ["--schedule", "ZBH1", "-m", 4, "--clip-by-norm", 0.02]))
     out.append(("paddle_1F1B_m4_clipglobal", ["--schedule", "1F1B", "-m", 4, "--paddle",
                                               "--clip-global-norm", 0.05]))
+    # evaluation and prediction between training steps (each mode its own plan); the loader of
+    # Paddle's docs (inputs on the first mesh, labels on the last) for the V schedules
+    for name in MODE_SCHEDULES:
+        out.append((f"{name}_modes", ["--schedule", name, "--vpp", VPP_OF.get(name, 1), "-m", 4,
+                                      "--modes", "train,eval,predict,train"]))
+    for name in ("1F1B", "ZBV", "DualPipeV"):
+        out.append((f"{name}_sharded_loader", ["--schedule", name, "--vpp", VPP_OF.get(name, 1),
+                                               "-m", 4, "--loader", "sharded",
+                                               "--modes", "train,eval,train"]))
     return [(tag, [str(a) for a in args] + ["--steps", "2"]) for tag, args in out]
+
+
+MODE_SCHEDULES = ["1F1B", "ZBH1", "VPP", "ZBV", "DualPipeV"]
 
 
 CONFIGS = _configs()
@@ -90,7 +102,8 @@ def grid(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tag", [t for t, _ in CONFIGS if t != "paddle_1F1B_m4_clipglobal"])
+@pytest.mark.parametrize("tag", [t for t, _ in CONFIGS if t != "paddle_1F1B_m4_clipglobal"
+                                 and "--modes" not in _])
 def test_engine_trains_like_the_dygraph_reference(grid, tag):
     record = grid[tag]
     # every parameter of the model (16 per block + 6), over both ranks
@@ -98,6 +111,34 @@ def test_engine_trains_like_the_dygraph_reference(grid, tag):
     assert len(record["losses"]) == 2 and len(record["losses"][0]) == record["m"]
     assert record["max_loss_diff"] <= TOL
     assert record["max_param_diff"] <= TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODE_SCHEDULES)
+def test_eval_and_predict_between_training_steps(grid, name):
+    """``train()`` -> ``eval()`` -> ``predict()`` -> ``train()`` through the engine: evaluation
+    losses equal the reference model's forward, no parameter changes while evaluating or
+    predicting, the predicted logits equal the reference's, and training afterwards goes on
+    as if nothing happened in between."""
+    record = grid[f"{name}_modes"]
+    assert record["modes"] == ["train", "eval", "predict", "train"]
+    assert len(record["losses"]) == 4 and len(record["eval_losses"]) == 2
+    assert len(record["eval_losses"][0]) == record["m"]  # per micro-batch, as in training
+    assert record["max_loss_diff"] <= TOL  # training and evaluation losses
+    assert record["max_param_diff"] <= TOL
+    assert record["eval_param_change"] == 0.0
+    assert record["predict_max_diff"] is not None and record["predict_max_diff"] <= 2e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["1F1B", "ZBV", "DualPipeV"])
+def test_a_loader_on_the_first_and_last_meshes_feeds_every_schedule(grid, name):
+    """``dist.shard_dataloader(loader, meshes=[first, last])`` (labels fed on the last mesh
+    only): the V schedules' loss is back on the first mesh, and the labels reach it."""
+    record = grid[f"{name}_sharded_loader"]
+    assert len(record["losses"]) == 4 and len(record["eval_losses"]) == 2
+    assert record["max_loss_diff"] <= TOL and record["max_param_diff"] <= TOL
+    assert record["eval_param_change"] == 0.0
 
 
 @pytest.mark.slow

@@ -1,0 +1,214 @@
+"""The engine user's ``strategy.pipeline``, checked whole and once, before the engine builds
+anything (``dist.to_static(model, loader, loss, opt, strategy)``).
+
+Paddle's engine reads the pipeline fields as they are: ``vpp_degree = 2.5`` or ``"2"`` reaches
+its passes and fails there (``'float' object cannot be interpreted as an integer``, ``Requires
+batch_size[8] to be divisible by k_steps[4.5]``), ``pp_degree = 3`` on 2 processes is a
+``ZeroDivisionError`` deep in Paddle and a misspelt ``vpp_seg_method`` is ``The op
+builtin.parameter without seg_method in its struct_name should only be reshard``.  Here each
+of these is a ``TypeError`` / ``ValueError`` naming the strategy field, in the engine user's
+words (strategy fields, processes, layer classes):
+
+* :func:`check_fields` - the field types and ranges (no silent ``int()`` truncation);
+* :func:`check_world` - ``pp_degree`` against the processes of the job;
+* :func:`check_model` - ``vpp_seg_method`` against the model's layer classes and block count;
+* :func:`check_engine_strategy` - the three, in that order.
+
+The checks only read the strategy: they never set, convert or normalise a field.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from typing import List
+
+from ._paddle import require_supported_paddle
+
+paddle = require_supported_paddle()
+
+__all__ = ["INT_FIELDS", "check_engine_strategy", "check_fields", "check_model", "check_world"]
+
+_PREFIX = "strategy.pipeline."
+#: the int fields of ``strategy.pipeline`` pipesplit reads (each >= 1; Paddle's defaults are 1)
+INT_FIELDS = ("pp_degree", "vpp_degree", "accumulate_steps", "micro_batch_size")
+#: containers that are never called themselves: their children carry the struct names Paddle
+#: matches ``vpp_seg_method`` against, so they are neither blocks nor worth suggesting
+_CONTAINERS = (paddle.nn.LayerList, paddle.nn.LayerDict, paddle.nn.ParameterList)
+#: a longer list of class names would bury the one the user meant
+_MAX_CLASSES_SHOWN = 20
+_MISSING = object()
+
+
+def _describe(value) -> str:
+    """``float 2.5``, ``str '2'``, ``numpy.int64 2``: the type and the value as written."""
+    kind = type(value)
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+    return f"{name} {value!r}"
+
+
+def _field(pipeline_strategy, name: str):
+    """A field of ``strategy.pipeline``; an object without it is not Paddle's pipeline config."""
+    value = getattr(pipeline_strategy, name, _MISSING)
+    if value is _MISSING:
+        raise TypeError(f"{_PREFIX}{name} is missing: pass the pipeline section of a "
+                        f"paddle.distributed.Strategy(), got {_describe(pipeline_strategy)}")
+    return value
+
+
+def _check_int_field(pipeline_strategy, name: str) -> None:
+    value = _field(pipeline_strategy, name)
+    # bool is an int subclass, but True as a degree is a mistake, not 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        # 2.0 is refused too: Paddle would take it as it is, and int() would hide 2.5 -> 2
+        hint = f" (write {int(value)})" if isinstance(value, float) and value.is_integer() else ""
+        raise TypeError(f"{_PREFIX}{name} must be an int, got {_describe(value)}{hint}")
+    if value < 1:
+        raise ValueError(f"{_PREFIX}{name} must be >= 1, got {value}")
+
+
+def _check_str_field(pipeline_strategy, name: str, what: str) -> str:
+    value = _field(pipeline_strategy, name)
+    if not isinstance(value, str):
+        raise TypeError(f"{_PREFIX}{name} must be a str ({what}), got {_describe(value)}")
+    return value
+
+
+def _seg_pattern(pipeline_strategy):
+    """``vpp_seg_method`` compiled as Paddle compiles it (a regular expression searched,
+    ignoring case, in the layers' struct names), so pipesplit finds the blocks Paddle finds."""
+    seg = pipeline_strategy.vpp_seg_method
+    try:
+        return re.compile(seg, re.IGNORECASE)
+    except re.error as e:
+        raise ValueError(f"{_PREFIX}vpp_seg_method={seg!r} is not a valid regular expression "
+                         f"(Paddle searches it in the model's layer class names): {e}") from None
+
+
+def check_fields(pipeline_strategy) -> None:
+    """Every field of ``strategy.pipeline`` pipesplit reads has the type it needs: the int
+    fields (:data:`INT_FIELDS`) are ints >= 1, ``split_backward`` a bool, ``schedule_mode`` and
+    ``vpp_seg_method`` strs, the latter non-empty when ``vpp_degree`` > 1 (``TypeError`` /
+    ``ValueError`` naming the field)."""
+    for name in INT_FIELDS:
+        _check_int_field(pipeline_strategy, name)
+    split = _field(pipeline_strategy, "split_backward")
+    if not isinstance(split, bool):
+        # 1 / "False" would be read as truthy or falsy by whoever looks next: refuse both
+        raise TypeError(f"{_PREFIX}split_backward must be a bool, got {_describe(split)}")
+    _check_str_field(pipeline_strategy, "schedule_mode", "a schedule name such as 'ZBV'")
+    seg = _check_str_field(pipeline_strategy, "vpp_seg_method",
+                           "the class name of the model's repeated blocks, or '' for none")
+    vpp = pipeline_strategy.vpp_degree
+    if not seg and vpp > 1:
+        # the engine splits the blocks it finds by this name over pp x vpp virtual stages
+        raise ValueError(f"{_PREFIX}vpp_seg_method is empty, but {_PREFIX}vpp_degree={vpp} "
+                         "needs it: name the class of the model's repeated blocks (e.g. "
+                         "'DecoderBlock'), which the engine splits over the virtual stages")
+    if seg:
+        _seg_pattern(pipeline_strategy)
+
+
+def check_world(pipeline_strategy, world_size: int) -> None:
+    """``pp_degree`` divides the job's processes (``paddle.distributed.get_world_size()``),
+    hence is <= them: every pipeline stage runs on world_size / pp_degree processes.  Paddle's
+    own stage rule (rank // (world_size // pp_degree)) divides by zero otherwise."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int (paddle.distributed.get_world_size()), "
+                        f"got {_describe(world_size)}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    pp = pipeline_strategy.pp_degree
+    if world_size % pp == 0:
+        return
+    processes = f"{world_size} process{'es' if world_size > 1 else ''}"
+    divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+    raise ValueError(f"{_PREFIX}pp_degree={pp} does not divide the {processes} of this job: "
+                     "each pipeline stage runs on world size / pp_degree processes, so "
+                     "pp_degree must divide the world size and be <= it; set "
+                     f"{_PREFIX}pp_degree to one of {divisors}, or launch a multiple of {pp} "
+                     "processes")
+
+
+def _class_name(layer) -> str:
+    return type(layer).__name__
+
+
+def _layer_classes(model) -> List[str]:
+    """The model's layer class names, sorted and de-duplicated (containers left out)."""
+    return sorted({_class_name(layer) for layer in model.sublayers(include_self=True)
+                   if not isinstance(layer, _CONTAINERS)})
+
+
+def _outermost_blocks(model, pattern) -> list:
+    """The layers whose class name ``pattern`` finds, not counting those inside one: Paddle
+    cuts a struct name (``/Model/DecoderBlock_1/Linear/``) at its first match, so a matching
+    layer inside a block belongs to that block."""
+    found, todo = [], [model]
+    while todo:
+        layer = todo.pop()
+        if not isinstance(layer, _CONTAINERS) and pattern.search(_class_name(layer)):
+            found.append(layer)
+        else:
+            todo.extend(reversed(list(layer.children())))  # model order, depth first
+    return found
+
+
+def _no_block_class(seg: str, classes: List[str]) -> ValueError:
+    close = difflib.get_close_matches(seg.lower(), [c.lower() for c in classes], n=1)
+    hint = f" Did you mean {classes[[c.lower() for c in classes].index(close[0])]!r}?" \
+        if close else ""
+    shown = ", ".join(classes[:_MAX_CLASSES_SHOWN])
+    more = len(classes) - _MAX_CLASSES_SHOWN
+    if more > 0:
+        shown += f" (and {more} more)"
+    return ValueError(f"{_PREFIX}vpp_seg_method={seg!r} names no layer class of the model "
+                      f"(Paddle searches it, ignoring case, in the layers' class names).{hint} "
+                      f"The model's layer classes: {shown}")
+
+
+def _check_block_count(pipeline_strategy, blocks: list) -> None:
+    """The engine gives each of the pp x vpp virtual stages the same number of blocks."""
+    pp, vpp = pipeline_strategy.pp_degree, pipeline_strategy.vpp_degree
+    stages = pp * vpp
+    if len(blocks) % stages == 0:
+        return
+    kinds = ", ".join(sorted({_class_name(b) for b in blocks}))
+    layers = "layer" if len(blocks) == 1 else "layers"
+    raise ValueError(f"{_PREFIX}vpp_seg_method={pipeline_strategy.vpp_seg_method!r} names "
+                     f"{len(blocks)} {kinds} {layers}, not a positive multiple of "
+                     f"{_PREFIX}pp_degree x {_PREFIX}vpp_degree = {pp} x {vpp} = {stages}: "
+                     f"each of the {stages} virtual stages gets the same number of blocks")
+
+
+def check_model(pipeline_strategy, model) -> None:
+    """``vpp_seg_method`` (when set, or needed: vpp_degree > 1) names a layer class of
+    ``model`` (the user's ``paddle.nn.Layer``), and with vpp_degree > 1 the blocks it names
+    are a positive multiple of pp_degree x vpp_degree (``ValueError`` naming the model's layer
+    classes, or the count).  With vpp_degree 1 the engine does not split the blocks (the
+    user's meshes place them), so their number is free.  A model that is not a
+    ``paddle.nn.Layer`` (``None``, a function the engine traces) has nothing to check.
+
+    The blocks are counted per layer object, as the model holds them; Paddle counts the calls
+    it traces, which is the same for a model that calls each of its blocks once."""
+    seg, vpp = pipeline_strategy.vpp_seg_method, pipeline_strategy.vpp_degree
+    if not seg and vpp == 1:
+        return
+    if not seg:  # (check_fields' message: the same input, the same words)
+        check_fields(pipeline_strategy)
+    if not isinstance(model, paddle.nn.Layer):
+        return  # None, or a callable the engine traces: no layers to look at before tracing
+    blocks = _outermost_blocks(model, _seg_pattern(pipeline_strategy))
+    if not blocks:
+        raise _no_block_class(seg, _layer_classes(model))
+    if vpp > 1:
+        _check_block_count(pipeline_strategy, blocks)
+
+
+def check_engine_strategy(pipeline_strategy, model, world_size: int) -> None:
+    """Everything pipesplit can check of the engine user's ``strategy.pipeline`` before the
+    engine builds anything: :func:`check_fields` first (the later checks trust the types), then
+    :func:`check_world` and :func:`check_model`.  ``world_size``:
+    ``paddle.distributed.get_world_size()``.  Reads the strategy only."""
+    check_fields(pipeline_strategy)
+    check_world(pipeline_strategy, world_size)
+    check_model(pipeline_strategy, model)
