@@ -67,6 +67,7 @@ def run_case(change, argv, layout) -> str:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         pipesplit_strategy.enable_strategy()
+        paddle.disable_static()  # a failed to_static may leave the static mode on
 
 
 def main() -> int:
