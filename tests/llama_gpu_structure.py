@@ -81,7 +81,7 @@ def main() -> int:
             try:
                 example.main(list(argv) + ["--tag", tag[0]])
             except Built:
-                pass
+                paddle.disable_static()  # the engine stopped in static mode
         rank, world = dist.get_rank(), dist.get_world_size()
         example.exchange(rank, world, {}, key=f"{tag[0]}/structure")
     store = paddle.base.core.create_or_get_global_tcp_store()
