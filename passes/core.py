@@ -1,6 +1,6 @@
 """The core every plan builder shares: the plan record, the schedule, the sub-program split.
 
-Three builders sit on it, one per kind of input program (see DESIGN.md, "Three programs the
+Three builders sit on it, one per kind of input program (see docs/design.md, "Three programs the
 passes accept"): :mod:`.pipeline` (the whole model, every rank emulated in one process),
 :mod:`.per_rank` (the whole model, one rank's programs) and :mod:`.engine` (one rank's program
 as Paddle's auto-parallel engine partitioned it).  None of them imports another.

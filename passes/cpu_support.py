@@ -21,7 +21,8 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
   (``Executor._set_plan``) they become gloo broadcasts on ring 0, rooted at the sender.
 
 pipesplit's own engine path (:mod:`pipesplit.passes.engine`) builds its gloo transfers itself.
-Either way a CPU pipeline has two ranks (one usable communicator per process).
+Paddle's own passes run on two CPU ranks (one usable communicator per process); pipesplit's
+serve more (the world ring, :mod:`pipesplit.passes.hybrid`).
 :func:`disable` restores every patched name.
 """
 from __future__ import annotations

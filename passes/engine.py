@@ -1,7 +1,7 @@
 """One rank's plan from the program Paddle's auto-parallel engine hands its pipeline pass.
 
 ``paddle.distributed.to_static`` partitions the model per rank before it calls
-``pir_pass.pipeline_pass`` (see ENGINE_NOTES.md).  The program this rank gets holds only its own
+``pir_pass.pipeline_pass`` (see docs/engine.md).  The program this rank gets holds only its own
 stages, with LOCAL chunk ids (0 .. vpp-1, set by the engine's chunk completion; all -1 when
 vpp = 1), Paddle's own ``send_v2`` / ``recv_v2`` at the stage boundaries (one ring per
 direction) and the gradient-merge buffers (``<param>@GRAD@MERGE``) that already accumulate the
@@ -9,12 +9,16 @@ micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
 
 1. every ``recv_v2`` becomes a named block input and every ``send_v2`` a named output
    (``builtin.shadow_output``), so the transfers can move into send / recv jobs; each is checked
-   against the peer the schedule's placement gives (a mismatch is a ``ValueError``, not a hang);
+   against the peer the schedule's placement gives, as a process of this process's pipeline
+   (``job_list.pipe``: the processes sharing its dp / mp coordinate; a mismatch is a
+   ``ValueError``, not a hang);
 2. the shared core completes, splits the backward into B / W (a value that is sent is needed
    outside its chunk, so it stays in B) and cuts ``forward{c}`` ... ``optimizer`` by local
    chunk, adding NO gradient accumulation;
-3. the send / recv jobs get p2p programs: gloo broadcasts on ring 0 on CPU (two ranks), the
-   engine's own NCCL rings on GPU;
+3. the send / recv jobs get p2p programs: on CPU gloo broadcasts on ring 0 (every rank joining
+   every transfer beyond two ranks), or, with dp / mp beside the pipeline or an optimizer
+   exchange between more than two ranks, every collective a world gather in lockstep
+   (:mod:`pipesplit.passes.hybrid`); on GPU the engine's own NCCL rings;
 4. the job order is this rank's list from pipesplit's lowering (rendezvous-safe), optimizer last.
 """
 from __future__ import annotations
@@ -260,6 +264,18 @@ def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: 
                     add_event_dependency(comm_op, user, f"{t.name}_{job_type}")
 
 
+def _needs_lockstep(programs, config: PipelineConfig) -> bool:
+    """CPU: the world-ring lockstep transport (:mod:`pipesplit.passes.hybrid`) serves dp / mp
+    beside the pipeline, and an optimizer exchanging values between more than two pipeline
+    ranks (the global norm of ``ClipGradByGlobalNorm``); plain pipelines keep the transfers'
+    broadcasts."""
+    if paddle.distributed.get_world_size() > config.pp_degree:
+        return True
+    optimizer = programs.get(OPTIMIZER)
+    return config.pp_degree > 2 and optimizer is not None and any(
+        op.name() in P2P_OPS for op in optimizer.global_block().ops)
+
+
 def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backend):
     """One process per stage (CPU: broadcasts on ring 0, every rank joining every transfer
     beyond two ranks) or NCCL (the engine's rings): comm programs into ``programs``; returns
@@ -268,14 +284,7 @@ def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backen
     process = pipe.process_of(rank)
     optimizer = programs.get(OPTIMIZER)
     if backend == "gloo" and optimizer is not None:  # it runs last on every rank: its
-        # exchanges match
-        if config.pp_degree > 2 and any(op.name() in P2P_OPS
-                                        for op in optimizer.global_block().ops):
-            raise ValueError(
-                f"strategy.pipeline.pp_degree={config.pp_degree}: the engine's optimizer "
-                "exchanges values between pipeline ranks (e.g. ClipGradByGlobalNorm), which "
-                "pipesplit's CPU transport serves for two ranks only; use pp_degree=2 on CPU "
-                "or a CUDA build")
+        # exchanges (two ranks: _needs_lockstep sends more elsewhere) match as broadcasts
         p2p_to_gloo_broadcasts(optimizer, process, _ring_ranks)
     compute = dict(programs)
     for chunk in range(config.vpp_degree):
@@ -332,7 +341,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     programs = dict(split.programs)
     if OPTIMIZER in programs:  # (evaluation and prediction have none)
         clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
-    if backend == "gloo" and paddle.distributed.get_world_size() > config.pp_degree:
+    if backend == "gloo" and _needs_lockstep(programs, config):
         job_order = hybrid_world_ring(programs, found, lowered, config, pipe)
     else:
         job_order = _pipeline_transport(programs, found, schedule, lowered, config, pipe,

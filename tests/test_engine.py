@@ -154,6 +154,10 @@ FOUR_RANK_CONFIGS = [
     ("VPP_pp4_m4", ["--schedule", "VPP", "--vpp", "2", "-m", "4", "--layers", "8"]),
     ("ZBV_pp4_m8", ["--schedule", "ZBV", "-m", "8", "--layers", "8"]),
     ("DualPipeV_pp4_m6", ["--schedule", "DualPipeV", "-m", "6", "--layers", "8"]),
+    # the optimizer's global-norm exchange between four ranks: the lockstep world ring
+    ("ZBV_pp4_m8_clip", ["--schedule", "ZBV", "-m", "8", "--layers", "8",
+                         "--clip-global-norm", "0.05"]),
+    ("1F1B_pp4_m4_clip", ["--schedule", "1F1B", "-m", "4", "--clip-global-norm", "0.05"]),
 ]
 
 
