@@ -186,6 +186,22 @@ def last_pipeline() -> Optional[PipelinePlan]:
     return _last
 
 
+def _check_no_gradient_merge(strategy) -> None:
+    """The pipeline already accumulates ``accumulate_steps`` micro-batches per update (the
+    engine turns its gradient merge on for that itself); a user's merge on top would need two
+    nested accumulations, which Paddle 3.3.1's engine fails on."""
+    merge = getattr(strategy, "gradient_merge", None)
+    if merge is not None and merge.enable:
+        total = int(strategy.pipeline.accumulate_steps) * int(merge.k_steps)
+        raise ValueError(
+            f"strategy.gradient_merge.enable with strategy.pipeline.enable: a pipeline step "
+            f"already accumulates strategy.pipeline.accumulate_steps="
+            f"{strategy.pipeline.accumulate_steps} micro-batches before its one update; set "
+            f"strategy.pipeline.accumulate_steps={total} (accumulate_steps x "
+            f"gradient_merge.k_steps) with a batch that many micro-batches long, and "
+            f"strategy.gradient_merge.enable = False")
+
+
 def _engine_init(original):
     """``Engine.__init__``: check the pipeline strategy, keep the user's schedule name beside
     the engine's copy and show the engine ``"VPP"``, so its chunk completion, chunk check and
@@ -199,6 +215,7 @@ def _engine_init(original):
             import paddle.distributed as dist
 
             check_engine_strategy(pipeline, self._model, dist.get_world_size())
+            _check_no_gradient_merge(self._strategy)
             check_strategy(pipeline)
             setattr(pipeline, _REQUESTED, str(pipeline.schedule_mode))
             pipeline.schedule_mode = _ENGINE_MODE

@@ -37,12 +37,15 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
     "enable_after_to_static": (None, ["--schedule", "ZBV"], "late"),
     "one_mesh": (None, ["--schedule", "1F1B"], "one_mesh"),
     "one_mesh_zbv": (None, ["--schedule", "ZBV"], "one_mesh"),
+    "gradient_merge": (lambda strategy, args: (setattr(strategy.gradient_merge, "enable", True),
+                                               setattr(strategy.gradient_merge, "k_steps", 2)),
+                       ["--schedule", "ZBH1"], "model"),
 }
 
 
 def run_case(change, argv, layout) -> str:
     args = example.parse_args(argv + ["-m", "4", "--steps", "1"])
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
     block_mesh = [meshes[0 if layout == "one_mesh" else i * world // args.layers]
                   for i in range(args.layers)]

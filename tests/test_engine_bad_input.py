@@ -25,6 +25,10 @@ EXPECTED = {
                               "pipesplit.passes.strategy.enable_strategy() was called",
     "one_mesh": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                 "placed on 1 stage mesh(es): [0] ['pp']",
+    "gradient_merge": "ValueError: strategy.gradient_merge.enable with strategy.pipeline.enable: "
+                      "a pipeline step already accumulates "
+                      "strategy.pipeline.accumulate_steps=4 micro-batches before its one update; "
+                      "set strategy.pipeline.accumulate_steps=8",
     "one_mesh_zbv": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                     "placed on 1 stage mesh(es): [0] ['pp']",
 }

@@ -36,8 +36,7 @@ def _run_grid(tmp_path, configs, nproc):
     from test_engine import _launch
 
     (tmp_path / "configs.json").write_text(json.dumps(configs))
-    extra = ["--no-fleet"] if nproc > 2 else []
-    rc, logs = _launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, *extra, nproc=nproc)
+    rc, logs = _launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, nproc=nproc)
     assert rc == 0, logs[-4000:]
     return {tag: json.loads((tmp_path / f"{tag}.json").read_text()) for tag, _ in configs}
 
@@ -70,12 +69,16 @@ def test_every_schedule_trains_llama_on_2d_stage_meshes(tmp_path):
 @pytest.mark.slow
 def test_dp_and_mp_beside_the_pipeline_train_llama_like_the_reference(tmp_path):
     """dp2 x pp2 and mp2 x pp2 on four CPU processes, in one launch: peers by mesh
-    coordinate (not rank +- 1), the engine's dp gradient all-reduce after the last W, mp
-    collectives inside F / B, all on the CPU world-ring transport."""
+    coordinate (not rank +- 1), the engine's dp gradient all-reduce after the last W (and the
+    sharded optimizer's all-gathers), mp collectives inside F / B, all on the CPU world-ring
+    transport; no fleet groups (started as the README's command is)."""
     configs = []
     for mesh_name, mesh in (("dp", ["--dp", "2", "--pp", "2"]), ("mp", ["--mp", "2", "--pp", "2"])):
         configs += [(f"{mesh_name}_{name}", _args(mesh, name)) for name in HYBRID_SCHEDULES]
         configs.append((f"{mesh_name}_ZBV_sgd", _args(mesh, "ZBV", "--optimizer", "sgd")))
+    # optimizer states sharded over dp (dist.shard_optimizer, ZeRO stage 1 / 2)
+    configs += [("dp_ZBV_sharding1", _args(["--dp", "2", "--pp", "2"], "ZBV", "--sharding", "1")),
+                ("dp_ZBH1_sharding2", _args(["--dp", "2", "--pp", "2"], "ZBH1", "--sharding", "2"))]
     records = _run_grid(tmp_path, configs, nproc=4)
     for tag, _ in configs:
         _check(records[tag], tag, params=78)  # every rank's: dp replicas and mp shards
