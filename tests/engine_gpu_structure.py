@@ -20,21 +20,7 @@ from paddle.distributed.auto_parallel.static import engine as paddle_engine  # n
 
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
 from pipesplit.passes.engine import build_engine_rank_plan  # noqa: E402
-
-
-def describe(program):
-    out = []
-    for op in program.global_block().ops:
-        attrs = op.attrs()
-        entry = {"op": op.name()}
-        for key in ("ring_id", "pipesplit_peer", "event_to_record", "events_to_wait"):
-            if key in attrs and attrs[key] not in ("", [], None):
-                entry[key] = attrs[key] if not isinstance(attrs[key], list) else list(attrs[key])
-        if op.name() in ("pd_op.send_v2", "pd_op.recv_v2"):
-            entry["stream"] = attrs.get("execution_stream")
-        if len(entry) > 1:
-            out.append(entry)
-    return out
+from _structure import describe  # noqa: E402
 
 
 def main() -> int:

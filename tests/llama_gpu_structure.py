@@ -18,36 +18,13 @@ import llama_auto_parallel as example  # noqa: E402
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 from paddle.distributed.auto_parallel.static import engine as paddle_engine  # noqa: E402
-from paddle.distributed.auto_parallel.static.process_group import get_process_group  # noqa: E402
 
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
 from pipesplit.passes.engine import build_engine_rank_plan  # noqa: E402
-
-KEYS = ("ring_id", "peer", "pipesplit_peer", "nranks", "event_to_record", "events_to_wait")
-
+from _structure import describe  # noqa: E402
 
 class Built(Exception):
     """The plan is written; the configuration ends here (a CPU build cannot run NCCL)."""
-
-
-def describe(program):
-    out = []
-    for op in program.global_block().ops:
-        attrs = op.attrs()
-        entry = {"op": op.name()}
-        for key in KEYS:
-            if key in attrs and attrs[key] not in ("", [], None):
-                entry[key] = list(attrs[key]) if isinstance(attrs[key], list) else attrs[key]
-        if "ring_id" in entry:
-            group = get_process_group(entry["ring_id"])
-            entry["ring_ranks"] = list(group.ranks) if group is not None else None
-            shape = op.operand_source(0).shape if op.num_operands() else attrs.get("out_shape")
-            entry["shape"] = [int(d) for d in shape]
-        if op.name() in ("pd_op.send_v2", "pd_op.recv_v2"):
-            entry["stream"] = attrs.get("execution_stream")
-        if len(entry) > 1:
-            out.append(entry)
-    return out
 
 
 def main() -> int:
