@@ -13,12 +13,19 @@ looped schedules) or pipesplit (V order for ZBV, ZBVPP, DualPipeV ...) assigns t
 (rank, chunk).  ``--mesh-order schedule`` places them explicitly instead, with
 ``pipesplit.passes.engine.block_meshes``.  ``--paddle`` runs Paddle's own pass instead (FThenB, 1F1B,
 VPP only).  On a CPU build, ``pipesplit.passes.cpu_support.enable()`` lets the engine start.
+``--resume-at K`` saves every rank's state after K training steps (parameters, optimizer state,
+LR scheduler), builds a fresh model, optimizer and ``dist.to_static`` as a new process would,
+loads the state and trains on: the losses must equal the uninterrupted reference's.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 
@@ -120,6 +127,10 @@ def make_optimizer(args, parameters):
         clip = paddle.nn.ClipGradByNorm(args.clip_by_norm)
     elif args.clip_by_value:
         clip = paddle.nn.ClipGradByValue(args.clip_by_value)
+    if args.optimizer == "adamw":
+        return paddle.optimizer.AdamW(learning_rate=lr, parameters=parameters,
+                                      weight_decay=0.01, epsilon=args.adam_epsilon,
+                                      grad_clip=clip)
     return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters, grad_clip=clip)
 
 
@@ -164,12 +175,15 @@ def reference(args):
     return out, {k: v.numpy() for k, v in model.state_dict().items()}
 
 
-def run_modes(args, dist_model, dist_loader, opt):
+def run_modes(args, dist_model, dist_loader, opt, resume=None):
     """``--modes`` through the engine: train / eval steps over the data, predict on the first
-    batch; returns what this rank got (None where it holds no loss / output) and the largest
-    parameter change any evaluation or prediction made here (must be 0)."""
+    batch; returns what this rank got (None where it holds no loss / output), the largest
+    parameter change any evaluation or prediction made here (must be 0) and the DistModel
+    trained last.  ``resume(dist_model, opt) -> (dist_model, opt)`` replaces them after
+    ``--resume-at`` training steps."""
     out = {"losses": [], "eval_losses": [], "predictions": []}
     eval_change = 0.0
+    trained = 0
     for mode in args.modes:
         getattr(dist_model, mode)()  # train() / eval() / predict()
         before = {k: v for k, v in local_parameters(dist_model).items()}
@@ -189,11 +203,60 @@ def run_modes(args, dist_model, dist_loader, opt):
             if mode == "train" and isinstance(opt._learning_rate,
                                               paddle.optimizer.lr.LRScheduler):
                 opt._learning_rate.step()
+            if mode == "train":
+                trained += 1
+                if resume is not None and trained == args.resume_at:
+                    dist_model, opt = resume(dist_model, opt)
         if mode != "train":
             after = local_parameters(dist_model)
             eval_change = max([eval_change] + [float(np.max(np.abs(after[k] - v)))
                                                for k, v in before.items()])
-    return out, eval_change
+    return out, eval_change, dist_model
+
+
+def save_checkpoint(dist_model, opt, path, mode="all"):
+    """This rank's part of ``dist_model.state_dict(mode)`` ("all": parameters and optimizer
+    state; "param": parameters only) and the LR scheduler's state, with ``paddle.save``."""
+    state = {name: value._local_value() for name, value in dist_model.state_dict(mode).items()
+             if value._local_value()._is_initialized()}  # other ranks' tensors hold no data
+    sched = opt._learning_rate
+    paddle.save({"state": state, "lr_scheduler": sched.state_dict() if isinstance(
+        sched, paddle.optimizer.lr.LRScheduler) else None}, path)
+
+
+def load_checkpoint(dist_model, opt, path, mode="all"):
+    """Loads what ``save_checkpoint`` wrote on this rank into a fresh ``dist_model`` (every
+    tensor this rank holds in ``state_dict(mode)``, none left out) and its LR scheduler."""
+    dist_model.train()  # builds the train program and initializes it (the startup program)
+    saved = paddle.load(path)
+    current = dist_model.state_dict(mode)
+    held = {name for name, value in current.items() if value._local_value()._is_initialized()}
+    if set(saved["state"]) != held:
+        raise ValueError(f"{path}: saved {sorted(set(saved['state']) - held)} not held here, "
+                         f"{sorted(held - set(saved['state']))} held here not saved")
+    for name, value in saved["state"].items():
+        paddle.assign(value, current[name]._local_value())
+    dist_model.set_state_dict({name: current[name] for name in saved["state"]})
+    if saved["lr_scheduler"] is not None:
+        opt._learning_rate.set_state_dict(saved["lr_scheduler"])
+
+
+@contextlib.contextmanager
+def new_process():
+    """What a new process starts with: unused names and an empty scope (--resume-at finds the
+    saved names again).  Dygraph mode keeps the static graph's name generator aside (each
+    ``paddle.disable_static()`` enters a fresh one; the engine adds the optimizer's state after
+    ``paddle.enable_static()``), so both are renewed."""
+    paddle.enable_static()
+    try:
+        with paddle.utils.unique_name.guard(), paddle.static.scope_guard(paddle.static.Scope()):
+            paddle.disable_static()
+            try:
+                yield
+            finally:
+                paddle.enable_static()
+    finally:
+        paddle.disable_static()
 
 
 def make_strategy(args):
@@ -249,6 +312,22 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="train",
                    help="comma-separated phases, each over the data: train, eval (losses, no "
                         "update), predict (outputs of the first batch); e.g. train,eval,train")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                   help="adamw: paddle.optimizer.AdamW, weight decay 0.01")
+    p.add_argument("--adam-epsilon", type=float, default=1e-8,
+                   help="AdamW's epsilon.  Attention's key bias has a zero gradient (softmax "
+                        "ignores a shift), so its gradient is rounding noise that AdamW "
+                        "scales up to a step of about lr where epsilon is small: schedules that "
+                        "split B / W round differently from the reference there")
+    p.add_argument("--resume-at", type=int, default=None, metavar="K",
+                   help="after K training steps save every rank's state, build a fresh model, "
+                        "optimizer and DistModel, load the state and train on")
+    p.add_argument("--resume-load", choices=("all", "param"), default="all",
+                   help="what --resume-at saves and loads: 'all' (parameters and optimizer "
+                        "state) or 'param' (parameters only: the optimizer starts afresh)")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="where each rank writes rank<r>.pdparams for --resume-at (default: a "
+                        "temporary directory per rank, removed after loading)")
     p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
     p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
@@ -260,6 +339,9 @@ def parse_args(argv=None):
     bad = sorted(set(args.modes) - {"train", "eval", "predict"})
     if bad or not args.modes:
         p.error(f"--modes: phases are train, eval and predict, got {args.modes}")
+    if args.resume_at is not None and not 0 < args.resume_at < args.steps * args.modes.count(
+            "train"):
+        p.error(f"--resume-at must lie between 1 and the training steps - 1, got {args.resume_at}")
     return args
 
 
@@ -284,6 +366,9 @@ def main(argv=None) -> int:
         block_mesh = block_meshes(meshes, args.layers,
                                   args.schedule if args.mesh_order == "schedule"
                                   else args.mesh_order, args.vpp)
+    fresh = contextlib.ExitStack()  # --resume-at: each model built as in a new process
+    if args.resume_at:
+        fresh.enter_context(new_process())
     model = build(args, block_mesh)
     opt = make_optimizer(args, model.parameters())
     data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
@@ -294,10 +379,32 @@ def main(argv=None) -> int:
         dist_loader = loader
     dist_model = dist.to_static(model, dist_loader, lm_loss, opt, make_strategy(args))
 
-    got, eval_change = run_modes(args, dist_model, dist_loader, opt)
+    def resume(old_model, old_opt):
+        """--resume-at: save this rank's state, then what a new process does: build the model,
+        optimizer and DistModel afresh (fresh names and scope) and load the state."""
+        ckpt_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="pipesplit_ckpt_")
+        os.makedirs(ckpt_dir, exist_ok=True)
+        path = os.path.join(ckpt_dir, f"rank{rank}.pdparams")
+        try:
+            save_checkpoint(old_model, old_opt, path, args.resume_load)
+            fresh.enter_context(new_process())
+            new_layer = build(args, block_mesh)
+            new_opt = make_optimizer(args, new_layer.parameters())
+            new_model = dist.to_static(new_layer, dist_loader, lm_loss, new_opt,
+                                       make_strategy(args))
+            load_checkpoint(new_model, new_opt, path, args.resume_load)
+        finally:
+            if not args.checkpoint_dir:
+                shutil.rmtree(ckpt_dir)
+        return new_model, new_opt
+
+    with fresh:  # the models' names and scopes
+        got, eval_change, dist_model = run_modes(args, dist_model, dist_loader, opt,
+                                                 resume if args.resume_at else None)
+        params = local_parameters(dist_model)
     ref, ref_params = reference(args)
     diffs = [float(np.max(np.abs(local - ref_params[name])))
-             for name, local in local_parameters(dist_model).items()
+             for name, local in params.items()
              if name in ref_params]  # (a scheduler's learning rate is listed too)
     predict_diff = max([float(np.max(np.abs(p - r)))
                         for p, r in zip(got["predictions"], ref["predictions"])], default=None)
@@ -312,7 +419,8 @@ def main(argv=None) -> int:
         theirs = ref["losses"] + ref["eval_losses"]
         predicted = [r["predict_diff"] for r in everyone if r["predict_diff"] is not None]
         record = {"schedule": args.schedule, "pp": world, "vpp": args.vpp, "m": args.m,
-                  "modes": args.modes,
+                  "modes": args.modes, "optimizer": args.optimizer,
+                  "resume_at": args.resume_at, "resume_load": args.resume_load,
                   "losses": holder["losses"]["losses"], "reference_losses": ref["losses"],
                   "eval_losses": holder["losses"]["eval_losses"],
                   "reference_eval_losses": ref["eval_losses"],
