@@ -34,7 +34,7 @@ from pipesplit.job_list.pipe import Pipe
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
 from .core import PipelinePlan, open_schedule, split_sub_programs
-from .hybrid import hybrid_world_ring
+from .hybrid import hybrid_world_ring, ring_ranks as _ring_ranks
 from .per_rank import world_ring_order
 
 paddle = require_supported_paddle()
@@ -92,15 +92,6 @@ def _kind_of(op) -> str:
     raise ValueError(f"the engine program has {op.name()} with op_role {op.op_role}; "
                      "pipesplit knows p2p between forward stages, between backward stages "
                      "and inside the optimizer")
-
-
-def _ring_ranks(ring_id: int) -> Tuple[int, ...]:
-    from paddle.distributed.auto_parallel.static.process_group import get_process_group
-
-    group = get_process_group(ring_id)
-    if group is None:
-        raise ValueError(f"the engine program uses ring {ring_id}, which has no process group")
-    return tuple(group.ranks)
 
 
 def localize_chunks(program, vpp: int) -> None:

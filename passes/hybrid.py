@@ -39,7 +39,8 @@ def bystander_type(rank: int, job_type: str) -> str:
     return f"{BYSTANDER}_{rank}_{job_type}"
 
 
-def _ring_ranks(ring_id: int) -> Tuple[int, ...]:
+def ring_ranks(ring_id: int) -> Tuple[int, ...]:
+    """The processes of the engine's ring ``ring_id``, in its order (``peer`` indexes them)."""
     from paddle.distributed.auto_parallel.static.process_group import get_process_group
 
     group = get_process_group(ring_id)
@@ -51,7 +52,7 @@ def _ring_ranks(ring_id: int) -> Tuple[int, ...]:
 def _within_stage(pipe: Pipe, process: int):
     """``group_ranks`` for the compute jobs: a group must not span pipeline stages."""
     def group_ranks(ring_id: int):
-        members = _ring_ranks(ring_id)
+        members = ring_ranks(ring_id)
         others = set(members) & set(pipe.processes) - {process}
         if others:
             raise ValueError(f"the engine program has a collective on ring {ring_id} (processes "
@@ -129,7 +130,7 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
     optimizer = programs.get(OPTIMIZER)  # (evaluation and prediction have none)
     sequence = [] if optimizer is None else [
         (kind, None if peer is None else pipe.rank_of(peer), gather)
-        for kind, peer, gather in collective_sequence(optimizer, _ring_ranks)]
+        for kind, peer, gather in collective_sequence(optimizer, ring_ranks)]
     everyone = _exchange({"jobs": gathers, "optimizer": sequence}, pipe)
     jobs = {r: {t: _as_gathers(sig) for t, sig in p["jobs"].items()} for r, p in everyone.items()}
     order = lockstep_order(lowered, rank, jobs)
@@ -141,6 +142,6 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
         merged = merge_sequences({r: [(k, peer, (tuple(g[0]), g[1]))
                                       for k, peer, g in p["optimizer"]]
                                   for r, p in everyone.items()})
-        emulate_with_bystanders(optimizer, process, world, _ring_ranks,
+        emulate_with_bystanders(optimizer, process, world, ring_ranks,
                                 _optimizer_plan(merged, rank))
     return order

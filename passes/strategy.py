@@ -373,7 +373,7 @@ def _switch_to_the_mode_plan(original):
         plan = self.__dict__.get(_PLANS, {}).get(mode)
         if plan is not None:
             self._job_plan = plan
-            if self._executor.plan is not plan:
+            if self._executor is not None and self._executor.plan is not plan:
                 self._executor._set_plan(plan)
     return to_mode
 
