@@ -48,6 +48,41 @@ def _launch(args, log_dir, timeout=240, nproc=2):
     return proc, logs
 
 
+def _spawn(args, log_dir, timeout=240, nproc=2):
+    """Start ``nproc`` ranks without the launcher (same environment as it gives them), so that no
+    rank is stopped because another one ended: the survivors' own reports are what is checked."""
+    import socket
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    ports = [free_port() for _ in range(nproc)]
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in ports)
+    master = f"127.0.0.1:{free_port()}"
+    procs, files = [], []
+    for r in range(nproc):
+        env = dict(os.environ, GLOG_minloglevel="2", PADDLE_MASTER=master, PADDLE_NNODES="1",
+                   PADDLE_GLOBAL_SIZE=str(nproc), PADDLE_LOCAL_SIZE=str(nproc),
+                   PADDLE_TRAINERS_NUM=str(nproc), PADDLE_GLOBAL_RANK=str(r),
+                   PADDLE_LOCAL_RANK=str(r), PADDLE_RANK_IN_NODE=str(r), PADDLE_TRAINER_ID=str(r),
+                   PADDLE_TRAINER_ENDPOINTS=endpoints, PADDLE_CURRENT_ENDPOINT=f"127.0.0.1:{ports[r]}",
+                   PADDLE_DISTRI_BACKEND="gloo")
+        files.append(open(os.path.join(str(log_dir), f"workerlog.{r}"), "w"))
+        procs.append(subprocess.Popen([sys.executable] + [str(a) for a in args], env=env,
+                                      stdout=files[-1], stderr=subprocess.STDOUT, cwd=str(log_dir)))
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p, f in zip(procs, files):
+            if p.poll() is None:
+                p.kill()
+            f.close()
+    logs = {r: open(os.path.join(str(log_dir), f"workerlog.{r}")).read() for r in range(nproc)}
+    return codes, logs
+
+
 def _emulate(argv, pp=2):
     """Losses and parameters of the one-process emulation (pp_stage=None) for demo args."""
     from pipesplit.ir_utils import PlanRunner, init_scope, read_params
@@ -204,9 +239,11 @@ def test_train_launcher_matches_demo(tmp_path):
 
 @pytest.mark.slow
 def test_dead_rank_is_reported(tmp_path):
-    proc, logs = _launch([TRAIN, "--schedule", "1F1B", "--vpp", "1", "-m", "4", "--steps", "3",
+    # without the launcher, which would stop rank 0 (SIGTERM) as soon as rank 1 ends, possibly
+    # before rank 0 has seen the closed connection and said so
+    codes, logs = _spawn([TRAIN, "--schedule", "1F1B", "--vpp", "1", "-m", "4", "--steps", "3",
                           "--fail-at", "1:1", "--watchdog", "60"], tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert codes[0] != 0 and codes[1] != 0, codes
     assert "rank 0 failed in step 1, waiting in send_forward0 micro-batch 0 with rank 1" \
         in logs[0], logs[0][-2000:]
     error = next(line for line in logs[0].splitlines() if "rank 0 failed in step 1" in line)
