@@ -1,0 +1,70 @@
+"""The data a pipeline is trained on, checked before Paddle's engine sees it.
+
+The engine splits every batch into ``strategy.pipeline.accumulate_steps`` micro-batches of one
+static size.  A loader that breaks that fails deep inside Paddle, and on one rank only (the
+others then wait for it): an empty loader with ``IndexError: index 0 is out of bounds``, a
+last batch smaller than the others with a ``ReshapeOp`` error on the first stage and a bare
+``std::exception`` on the next.  These checks read only the loader's sampler (no data is
+drawn), so every rank reaches the same verdict before any collective.  A loader whose length
+is unknown (an ``IterableDataset``) is not checked.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+
+def check_loader(loader, accumulate_steps: int) -> None:
+    """``ValueError`` naming the ``DataLoader`` argument and what to change when ``loader``
+    (a ``paddle.io.DataLoader`` or a ``dist.shard_dataloader``) yields no batch, a batch size
+    that ``accumulate_steps`` does not divide, or a last batch smaller than the others."""
+    sizes = _batch_sizes(loader)
+    if sizes is None:
+        return
+    batches, batch_size, last = sizes
+    if batches == 0:
+        raise ValueError(
+            "the DataLoader given to dist.to_static yields no batch (its dataset is empty, or "
+            "smaller than batch_size with drop_last=True); give it at least one batch of "
+            f"batch_size={batch_size} samples")
+    if batch_size % accumulate_steps:
+        raise ValueError(
+            f"the DataLoader's batch_size={batch_size} is not a multiple of "
+            f"strategy.pipeline.accumulate_steps={accumulate_steps} (every batch is split into "
+            "that many micro-batches of one size); change either")
+    if last != batch_size:
+        raise ValueError(
+            f"the DataLoader's last batch has {last} samples and the others batch_size="
+            f"{batch_size}: the pipeline's program has one micro-batch size, so every batch "
+            "must be full; pass drop_last=True to paddle.io.DataLoader (or make the dataset's "
+            "length a multiple of batch_size)")
+
+
+def _batch_sizes(loader) -> Optional[Tuple[int, int, int]]:
+    """(number of batches, batch size, size of the last batch) from the loader's batch
+    sampler, or None when they cannot be known without drawing data."""
+    sampler = getattr(loader, "batch_sampler", None)
+    if sampler is None:  # dist.shard_dataloader keeps the user's loader inside
+        inner = getattr(loader, "_dataloader", None)
+        sampler = getattr(inner, "batch_sampler", None)
+    batch_size = getattr(sampler, "batch_size", None)
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        return None
+    samples = _samples_of(sampler)
+    if samples is None:
+        return None
+    full, rest = divmod(samples, batch_size)
+    if getattr(sampler, "drop_last", False) or rest == 0:
+        return full, batch_size, batch_size
+    return full + 1, batch_size, rest
+
+
+def _samples_of(sampler) -> Optional[int]:
+    """How many samples one epoch of ``sampler`` draws (on this rank)."""
+    num_samples = getattr(sampler, "num_samples", None)  # DistributedBatchSampler: per rank
+    if isinstance(num_samples, int):
+        return num_samples
+    inner = getattr(sampler, "sampler", None)
+    try:
+        return len(inner) if inner is not None else None
+    except TypeError:  # a sampler over an IterableDataset has no length
+        return None

@@ -1,0 +1,57 @@
+"""The loader checks made before the engine (``passes.loader_checks``) on real
+``paddle.io.DataLoader`` objects: what Paddle would fail on deep inside, on one rank, is
+refused with the DataLoader argument to change; good loaders pass."""
+import numpy as np
+import paddle
+import pytest
+
+from pipesplit.passes.loader_checks import check_loader
+
+
+class Samples(paddle.io.Dataset):
+    def __init__(self, n):
+        self.x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+
+    def __getitem__(self, i):
+        return self.x[i], np.int64(i % 2)
+
+    def __len__(self):
+        return len(self.x)
+
+
+class Stream(paddle.io.IterableDataset):
+    def __iter__(self):
+        yield np.zeros(3, np.float32), np.int64(0)
+
+
+def _loader(n, batch_size, drop_last=False):
+    return paddle.io.DataLoader(Samples(n), batch_size=batch_size, drop_last=drop_last)
+
+
+@pytest.mark.parametrize("n,batch_size,drop_last", [(8, 4, False), (10, 4, True), (4, 4, False)])
+def test_full_batches_pass(n, batch_size, drop_last):
+    check_loader(_loader(n, batch_size, drop_last), accumulate_steps=2)
+
+
+def test_an_iterable_dataset_is_not_checked():
+    check_loader(paddle.io.DataLoader(Stream(), batch_size=4), accumulate_steps=4)
+
+
+def test_a_distributed_batch_sampler_counts_this_ranks_samples():
+    sampler = paddle.io.DistributedBatchSampler(Samples(16), batch_size=4, num_replicas=2, rank=0)
+    check_loader(paddle.io.DataLoader(Samples(16), batch_sampler=sampler), accumulate_steps=4)
+    sampler = paddle.io.DistributedBatchSampler(Samples(12), batch_size=4, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="last batch has 2 samples"):
+        check_loader(paddle.io.DataLoader(Samples(12), batch_sampler=sampler), accumulate_steps=4)
+
+
+@pytest.mark.parametrize("loader,steps,message", [
+    (lambda: _loader(0, 4), 2, "yields no batch"),
+    (lambda: _loader(3, 4, drop_last=True), 2, "yields no batch"),
+    (lambda: _loader(12, 6), 4, r"batch_size=6 is not a multiple of "
+                                r"strategy.pipeline.accumulate_steps=4"),
+    (lambda: _loader(10, 4), 2, "last batch has 2 samples and the others batch_size=4"),
+])
+def test_a_loader_the_pipeline_cannot_split_is_refused(loader, steps, message):
+    with pytest.raises(ValueError, match=message):
+        check_loader(loader(), accumulate_steps=steps)
