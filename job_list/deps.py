@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMPUTE_KINDS, FORWARD, RECV_BACKWARD,
-                 RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD, Job, Schedule)
+from .ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMPUTE_KINDS, FORWARD, SEND_BACKWARD,
+                 SEND_FORWARD, Job, Schedule, other_end)
 
 #: (global stage, kind, micro-batch) — a job's identity independent of its rank.
 JobKey = Tuple[int, str, int]
@@ -27,9 +27,6 @@ DepRef = Tuple[int, int]
 MISSING: DepRef = (-1, -1)
 
 _COMPUTE = frozenset(COMPUTE_KINDS)
-#: send / recv kind -> (offset to the peer's stage, the peer's matching kind)
-_PEER = {SEND_FORWARD: (1, RECV_FORWARD), RECV_FORWARD: (-1, SEND_FORWARD),
-         SEND_BACKWARD: (-1, RECV_BACKWARD), RECV_BACKWARD: (1, SEND_BACKWARD)}
 #: send kind -> kind of the local compute job whose output it ships (BACKWARD: B or I)
 _SOURCE = {SEND_FORWARD: FORWARD, SEND_BACKWARD: BACKWARD}
 #: compute kind -> the jobs it needs, as (stage offset, kind) with BACKWARD meaning "the B or
@@ -152,9 +149,7 @@ class DependencyGraph:
         memo = (rank, job.kind, job.chunk)  # the peer does not depend on the micro-batch
         if memo in self._peers:
             return self._peers[memo]
-        stage = self.stage(rank, job.chunk)
-        offset, peer_kind = _PEER[job.kind]
-        peer_stage = stage + offset
+        peer_stage, peer_kind = other_end(job.kind, self.stage(rank, job.chunk))
         peer = None
         if 0 <= peer_stage < self.schedule.num_stages:
             if peer_stage < len(self._rank_chunk):
@@ -205,7 +200,7 @@ class DependencyGraph:
         """For a send / recv job: (peer rank, the matching recv / send job on the peer)."""
         peer = self.comm_peer(rank, job)
         if peer is None:
-            peer_stage = self.stage(rank, job.chunk) + _PEER[job.kind][0]
+            peer_stage, _ = other_end(job.kind, self.stage(rank, job.chunk))
             raise ValueError(f"{short(self.schedule, rank, job)} on rank {rank} has no peer stage "
                              f"{peer_stage}")
         peer_rank, peer_kind, peer_chunk = peer

@@ -1,8 +1,9 @@
 """The job IR every stage of pipesplit speaks.
 
-A job is ``(kind, chunk, micro_batch)``; its Paddle job type is ``f"{kind}{chunk}"``
-(``optimizer`` has no chunk).  The short form ``{stage}{op}{mb}`` (PyTorch's pipelining CSV)
-names a job by its *global* virtual stage, so it needs the placement to translate.
+A job is ``(kind, chunk, micro_batch)``; its Paddle job type is :func:`job_type` of its kind and
+chunk (``optimizer`` has no chunk), read back by :func:`parse_job_type`.  The short form
+``{stage}{op}{mb}`` (PyTorch's pipelining CSV) names a job by its *global* virtual stage, so it
+needs the placement to translate.
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ OP_OF_KIND = {
 KIND_OF_OP = {op: kind for kind, op in OP_OF_KIND.items()}
 OPTIMIZER_ACTION = "OPT"
 
+#: send / recv kind -> (offset from its stage to its peer's, the peer's matching kind)
+_OTHER_END = {SEND_FORWARD: (1, RECV_FORWARD), RECV_FORWARD: (-1, SEND_FORWARD),
+              SEND_BACKWARD: (-1, RECV_BACKWARD), RECV_BACKWARD: (1, SEND_BACKWARD)}
+
 _ACTION_RE = re.compile(r"^(\d+)(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B)(\d+)$")
 #: a job type: a kind followed by its chunk / stage number (longest kind first: backward_b
 #: before backward)
@@ -48,16 +53,36 @@ _TYPE_RE = re.compile(r"^(" + "|".join(sorted((k for k in KINDS if k != OPTIMIZE
                                                reverse=True)) + r")(\d+)$")
 
 
-def parse_job_type(job_type: str) -> Tuple[str, Optional[int]]:
-    """The one parser of job-type strings (:attr:`Job.type`): ``"backward_b3"`` ->
+def job_type(kind: str, chunk: Optional[int] = None) -> str:
+    """The one writer of job-type strings: ``("backward_b", 3)`` -> ``"backward_b3"``,
+    ``("optimizer", None)`` -> ``"optimizer"``; :func:`parse_job_type` reads them back.  The
+    number is the chunk or the global stage, whichever the caller types its jobs by."""
+    if kind == OPTIMIZER:
+        return OPTIMIZER
+    if kind not in KINDS or not isinstance(chunk, int) or isinstance(chunk, bool):
+        raise ValueError(f"a job type needs a kind of {KINDS} and an int chunk, got "
+                         f"({kind!r}, {chunk!r})")
+    return f"{kind}{chunk}"
+
+
+def other_end(kind: str, stage: int) -> Tuple[int, str]:
+    """(global stage, kind) at the other end of a send / recv of ``kind`` on ``stage``: a
+    forward output goes to the next stage, an input gradient to the previous one.  At the
+    pipeline's ends the stage lies outside ``[0, num_stages)``."""
+    offset, kind_there = _OTHER_END[kind]
+    return stage + offset, kind_there
+
+
+def parse_job_type(text: str) -> Tuple[str, Optional[int]]:
+    """The one parser of job-type strings (:func:`job_type`'s): ``"backward_b3"`` ->
     ``("backward_b", 3)``, ``"send_forward0"`` -> ``("send_forward", 0)``, ``"optimizer"`` ->
     ``("optimizer", None)``.  The number is what the type's writer put there: a chunk in a
     schedule's job types, a global stage in per-stage profiles."""
-    if job_type == OPTIMIZER:
+    if text == OPTIMIZER:
         return OPTIMIZER, None
-    match = _TYPE_RE.match(job_type) if isinstance(job_type, str) else None
+    match = _TYPE_RE.match(text) if isinstance(text, str) else None
     if not match:
-        raise ValueError(f"not a pipesplit job type: {job_type!r} (expected a kind of {KINDS} "
+        raise ValueError(f"not a pipesplit job type: {text!r} (expected a kind of {KINDS} "
                          f"followed by a number, or {OPTIMIZER!r})")
     return match.group(1), int(match.group(2))
 
@@ -84,9 +109,8 @@ class Job:
 
     @property
     def type(self) -> str:
-        """Paddle's job-type string, e.g. ``forward0``, ``backward_b1``, ``optimizer``
-        (:func:`parse_job_type` reads it back)."""
-        return OPTIMIZER if self.kind == OPTIMIZER else f"{self.kind}{self.chunk}"
+        """Paddle's job-type string, e.g. ``forward0``, ``backward_b1``, ``optimizer``."""
+        return job_type(self.kind, self.chunk)
 
     @property
     def op(self) -> str:

@@ -60,6 +60,11 @@ class Placement:
     def rank_of(self, stage: int) -> int:
         return self.rank_chunk(stage)[0]
 
+    def stage_of_block(self, block: int, num_blocks: int) -> int:
+        """The virtual stage 0-based ``block`` of ``num_blocks`` (model order) goes to: an even
+        split in model order, whatever the placement puts the stage on."""
+        return block * self.num_stages // num_blocks
+
     def layers_per_stage(self, num_layers: int) -> int:
         check_positive_int("num_layers", num_layers)
         if num_layers % self.num_stages:
@@ -70,15 +75,15 @@ class Placement:
 
     def layer_owner(self, layer: int, num_layers: int) -> Tuple[int, int]:
         """(rank, chunk) of 0-based ``layer`` when ``num_layers`` are split evenly over stages."""
-        per_stage = self.layers_per_stage(num_layers)
+        self.layers_per_stage(num_layers)  # (checks the even split)
         if not 0 <= layer < num_layers:
             raise ValueError(f"layer must be in [0, {num_layers}), got {layer}")
-        return self.rank_chunk(layer // per_stage)
+        return self.rank_chunk(self.stage_of_block(layer, num_layers))
 
     def layers_of_rank(self, num_layers: int) -> Dict[int, List[int]]:
         """0-based layer indices each rank holds, in model order."""
-        per_stage = self.layers_per_stage(num_layers)
+        self.layers_per_stage(num_layers)  # (checks the even split)
         held: Dict[int, List[int]] = {r: [] for r in range(self.pp)}
         for layer in range(num_layers):
-            held[self.rank_of(layer // per_stage)].append(layer)
+            held[self.rank_of(self.stage_of_block(layer, num_layers))].append(layer)
         return held
