@@ -1,7 +1,9 @@
 """The one dependency / event engine: every rank runs its list in order; a job starts when its
 rank is free and every job it needs is done (plus the latency ``comm`` when that job ran on
 another rank).  :func:`simulate.simulate`, :meth:`SearchContext.simulate`, the validator's
-symbolic execution and the comm lowering's replay are all :func:`walk` on integer tables.
+symbolic execution and the comm lowering's replay are all :func:`walk` on integer tables;
+:func:`execute` runs a whole schedule (compute-only or lowered, with rendezvous send / recv
+pairs) through it.
 
 Tables: ``orders[rank]`` lists the ids a rank runs (-1: an entry that is no compute job, e.g.
 a send / recv / optimizer, handed to the ``other`` hook); ``needs[id]`` is a tuple of
@@ -14,9 +16,10 @@ Also the memory walks over an executed order (:func:`serial_memory`, :func:`rank
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .ir import COMM_KINDS, OPTIMIZER, parse_job_type
+from .deps import DependencyGraph, JobKey
+from .ir import COMM_KINDS, OPTIMIZER, RECV_BACKWARD, RECV_FORWARD, Job, Schedule, parse_job_type
 
 #: needs of one id: (id it waits for, that job's rank) pairs
 Needs = Sequence[Tuple[int, int]]
@@ -117,6 +120,160 @@ def walk(orders: Sequence[Sequence[int]], needs: Sequence[Needs], cost: Sequence
     return state
 
 
+# --------------------------------------------------------------------------- schedules
+#
+# execute runs a schedule on the integer tables of its DependencyGraph; a send / recv /
+# optimizer at a rank's head goes through the ``other`` hook.
+
+# What a send / recv / optimizer job at the head of a rank needs before it can run.
+_SEND_STEP, _RECV_STEP, _OTHER_STEP, _NO_PEER_STEP = range(4)
+
+
+def _comm_steps(schedule: Schedule, graph: DependencyGraph) -> List[List[Optional[tuple]]]:
+    """Per rank, per job: None for a compute job (the dependency table covers it), else a tuple
+    starting with a step code.
+
+    send: (code, peer rank, peer job token, key id of the data sent or -1); recv: (code,);
+    optimizer: (code,); a send / recv without a peer stage: (code, job) — comm_partner raises
+    when it is reached.  Tokens are (kind, chunk, micro-batch) tuples, compared instead of Jobs.
+    """
+    steps = []
+    for rank, jobs in enumerate(schedule.ranks):
+        row: List[Optional[tuple]] = []
+        for kid, job in zip(graph.key_ids[rank], jobs):
+            if kid >= 0:
+                row.append(None)
+            elif job.kind not in COMM_KINDS:
+                row.append((_OTHER_STEP,))
+            else:
+                try:
+                    peer = graph.comm_peer(rank, job)
+                except ValueError:  # a chunk the placement lacks: raise it only if reached
+                    peer = None
+                if peer is None:
+                    row.append((_NO_PEER_STEP, job))
+                elif job.kind in (RECV_FORWARD, RECV_BACKWARD):
+                    row.append((_RECV_STEP,))
+                else:
+                    peer_rank, peer_kind, peer_chunk = peer
+                    source = graph.resolve_id(graph.comm_source(rank, job))
+                    row.append((_SEND_STEP, peer_rank, (peer_kind, peer_chunk, job.micro_batch),
+                                source))
+        steps.append(row)
+    return steps
+
+
+@dataclass
+class Execution:
+    """The end state of :func:`execute`: the walk, and per (rank, key id of a remote producer)
+    the id that stands for "its data arrived on that rank" (lowered schedules)."""
+
+    state: WalkState
+    graph: DependencyGraph
+    arrivals: Dict[Tuple[int, int], int]
+
+    def done(self) -> Set[JobKey]:
+        end = self.state.end
+        return {key for kid, key in enumerate(self.graph.keys) if end[kid] >= 0}
+
+    def received(self) -> Set[Tuple[int, JobKey]]:
+        end, keys = self.state.end, self.graph.keys
+        return {(rank, keys[dep]) for (rank, dep), aid in self.arrivals.items() if end[aid] >= 0}
+
+
+def _needs(graph: DependencyGraph, lowered: bool, never: int, arrivals: Dict[Tuple[int, int], int]
+           ) -> List[Tuple[Tuple[int, int], ...]]:
+    """The walk's table: a producer no rank runs becomes ``never`` (an id nothing marks done);
+    in a lowered schedule a remote producer becomes the id of its data's arrival."""
+    by_id = graph.dependency_by_id()
+    if not lowered and all(dep >= 0 for refs in by_id for dep, _ in refs):
+        return by_id  # the common case: every producer runs, nothing travels through recvs
+    needs = []
+    for kid, refs in enumerate(by_id):
+        rank = graph.rank_of_id(kid)
+        row = []
+        for dep, dep_rank in refs:
+            if dep < 0:
+                row.append((never, rank))
+            elif lowered and dep_rank != rank:
+                aid = arrivals.setdefault((rank, dep), never + 1 + len(arrivals))
+                row.append((aid, rank))
+            else:
+                row.append((dep, dep_rank))
+        needs.append(tuple(row))
+    return needs
+
+
+def execute(schedule: Schedule, graph: Optional[DependencyGraph] = None,
+            record: Optional[Callable[[Tuple[int, Job]], None]] = None, *,
+            cost: Optional[Sequence[float]] = None, comm: float = 0.0,
+            on_run: Optional[RunHook] = None) -> Execution:
+    """Run every rank as far as it goes (:func:`events.walk`); ``record`` gets each (rank, job)
+    as it runs, a send directly followed by its recv.
+
+    A compute job needs each producer done — or, in a lowered schedule when the producer is on
+    another rank, its data received by a recv earlier on this rank.  A send completes together
+    with its recv when the data it sends exists and the peer's head is that recv (rendezvous).
+
+    Durations (the rendezvous simulation): ``cost[key id]`` per compute job (default: none);
+    a send / recv pair starts at the latest of both ranks' clocks and the data's end and keeps
+    both ranks busy for ``comm``.  ``on_run`` gets every compute job as :func:`events.walk`'s.
+    """
+    graph = graph or DependencyGraph(schedule)
+    lowered = any(job.is_comm for jobs in schedule.ranks for job in jobs)
+    never = len(graph.keys)
+    arrivals: Dict[Tuple[int, int], int] = {}
+    needs = _needs(graph, lowered, never, arrivals)
+    has_other = any(kid < 0 for row in graph.key_ids for kid in row)
+    steps = _comm_steps(schedule, graph) if has_other else []
+    tokens = [[(job.kind, job.chunk, job.micro_batch) for job in jobs] for jobs in schedule.ranks] \
+        if lowered else []
+    ranks = schedule.ranks
+
+    def other(state: WalkState, rank: int, index: int) -> bool:
+        step = steps[rank][index]
+        code = step[0]
+        if code == _SEND_STEP:
+            _, peer, peer_token, source = step
+            if source < 0 or state.end[source] < 0:
+                return False
+            peer_head = state.head[peer]
+            if peer_head >= len(ranks[peer]) or tokens[peer][peer_head] != peer_token:
+                return False
+            # both ranks wait at the pair (rendezvous), then both are busy for the transfer
+            done = max(state.clock[rank], state.clock[peer], state.end[source]) + comm
+            state.clock[rank] = state.clock[peer] = done
+            aid = arrivals.get((peer, source))
+            if aid is not None:
+                state.end[aid] = done
+            state.head[peer] = peer_head + 1  # the pair completes: the peer's recv runs too
+            if record is not None:
+                record((rank, ranks[rank][index]))
+                record((peer, ranks[peer][peer_head]))
+            return True
+        if code == _RECV_STEP:
+            return False  # completes together with its send, from the sender's side
+        if code == _NO_PEER_STEP:
+            graph.comm_partner(rank, step[1])  # raises its "has no peer stage" ValueError
+        if record is not None:
+            record((rank, ranks[rank][index]))
+        return True
+
+    if record is not None:
+        timed_hook = on_run
+
+        def on_run(rank: int, index: int, start: float, end: float) -> None:
+            record((rank, ranks[rank][index]))
+            if timed_hook is not None:
+                timed_hook(rank, index, start, end)
+
+    num_ids = never + 1 + len(arrivals)
+    durations = [0.0] * num_ids if cost is None else list(cost) + [0.0] * (num_ids - len(cost))
+    state = walk(graph.key_ids, needs, durations, num_ids,
+                 other=other if has_other else None, on_run=on_run)
+    return Execution(state, graph, arrivals)
+
+
 # --------------------------------------------------------------------------- memory walks
 
 def memory_curve(jobs: Iterable[Tuple[str, int]], delta: Callable[[str, int], float]
@@ -145,7 +302,7 @@ def serial_memory(job_order: Sequence[Tuple[str, int]], delta: Callable[[str, in
 
 
 def rank_peaks(sim, delta: Callable[[str, int], float]) -> List[float]:
-    """Per-rank peak live memory of a simulated schedule (:class:`simulate.SimResult`): each
+    """Per-rank peak live memory of a simulated schedule (:class:`latency.SimResult`): each
     rank's own compute jobs in its order, frees as they come (never below 0, the empty
     rank)."""
     return [max([0.0] + memory_curve(((t.job.kind, t.stage) for t in row if t.job.is_compute),

@@ -28,10 +28,11 @@ from typing import Dict, List, Optional, Tuple
 
 from .deps import DependencyGraph
 from .ir import (FORWARD, OPTIMIZER, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
-                 Job, Schedule)
+                 Job, Schedule, other_end)
 from .costs import Costs
-from .timed import SimResult, simulate_latency
-from .validate import ScheduleError, execute, validate
+from .events import execute
+from .latency import SimResult, simulate_latency
+from .validate import ScheduleError, validate
 
 RankJob = Tuple[int, Job]
 #: where a compute job sits: (rank, index in that rank's compute list); generators' ``Slot`` is
@@ -49,8 +50,7 @@ def peer_of(schedule: Schedule, rank: int, job: Job) -> int:
     """The rank at the other end of the send / recv ``job`` on ``rank``."""
     if not job.is_comm:
         raise ValueError(f"peer_of needs a send / recv job, got {job} on rank {rank}")
-    stage = schedule.placement.stage(rank, job.chunk)
-    peer_stage = stage + 1 if job.kind in (SEND_FORWARD, RECV_BACKWARD) else stage - 1
+    peer_stage, _ = other_end(job.kind, schedule.placement.stage(rank, job.chunk))
     if not 0 <= peer_stage < schedule.num_stages:
         raise ValueError(f"{schedule.to_action(rank, job)} on rank {rank} has no peer: stage "
                          f"{peer_stage} is outside [0, {schedule.num_stages})")

@@ -1,11 +1,12 @@
-"""Discrete-event simulation of a schedule: each rank runs its list in order; a job starts when
-its rank is free and its dependencies are done (plus the latency ``comm`` when they ran on
-another rank).  Send / recv jobs take no time of their own: the latency stands for them.
+"""Discrete-event simulation of a schedule (:func:`simulate`): each rank runs its list in order;
+a job starts when its rank is free and its dependencies are done (plus the latency ``comm`` when
+they ran on another rank).  Send / recv jobs take no time of their own: the latency stands for
+them (the latency model, :mod:`latency`).
 
 Under ``Costs(comm_mode="rendezvous")`` (blocking transfers, gloo on CPU) the schedule runs
 lowered instead (:func:`lower.lower_comm`; a lowered input as given): a send and its matching
 recv start together when both ranks have reached them and the data exists, and keep both ranks
-busy for ``comm`` (:func:`validate.execute` with durations).
+busy for ``comm`` (:func:`events.execute` with durations).
 
 The memory model is :meth:`costs.Costs.memory_delta`.
 """
@@ -13,14 +14,13 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from .bounds import lower_bound  # noqa: F401  (re-exported: simulate.lower_bound)
-from .costs import COST_FIELDS, EXTRA_FIELDS, Costs  # noqa: F401  (re-exported)
+from .costs import Costs
 from .deps import DependencyGraph
+from .events import execute
 from .ir import Job, Schedule
+from .latency import SimResult, TimedJob, checked_costs, key_costs, result_of, simulate_latency
 from .lower import lower_comm
-from .timed import (SimResult, TimedJob, checked_costs, key_costs, result_of,  # noqa: F401
-                    simulate_latency)
-from .validate import ScheduleError, execute, explain_deadlock
+from .validate import ScheduleError, explain_deadlock
 
 
 def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:

@@ -1,8 +1,9 @@
 """Views of a schedule: ASCII grid, Chrome trace, PNG timeline, CSV and JSON.
 
 * :func:`ascii_grid` — rank x time grid of a simulated schedule, cells ``{stage}{op}{mb}``.
-* :func:`step_grid` — rank x list-position grid of any schedule (simulated or not, valid or
-  not), with marked cells (the validator marks the heads a deadlock stopped).
+* :func:`~.grid.step_grid` (module :mod:`.grid`) — rank x list-position grid of any schedule
+  (simulated or not, valid or not), with marked cells (the validator marks the heads a
+  deadlock stopped).
 * :func:`chrome_trace` — Chrome trace-event dict (open the JSON in https://ui.perfetto.dev).
 * :func:`plot_timeline` — PNG via matplotlib (imported lazily; only this function needs it).
 * :func:`to_csv` / :func:`from_csv` — PyTorch's pipelining CSV (torchtitan ``_dump_csv`` /
@@ -19,16 +20,14 @@ import io
 import json
 import math
 from fractions import Fraction
-from typing import TYPE_CHECKING, AbstractSet, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from .ir import BACKWARD_B, BACKWARD_W, OPTIMIZER, OPTIMIZER_ACTION, Action, Job, Schedule
 from .bounds import lower_bound
+from .latency import SimResult
 from .placement import LOOPED, Placement, check_positive_int
 
-if TYPE_CHECKING:  # only for annotations: the validator imports this module for step_grid
-    from .simulate import SimResult
-
-__all__ = ["ascii_grid", "step_grid", "chrome_trace", "plot_timeline", "to_csv", "from_csv", "to_json",
+__all__ = ["ascii_grid", "chrome_trace", "plot_timeline", "to_csv", "from_csv", "to_json",
            "from_json", "schedule_from_actions", "OP_COLORS"]
 
 #: colours of the compute ops in :func:`plot_timeline` (F, full B, I = backward_b, W = backward_w)
@@ -144,33 +143,6 @@ def _round_step_up(step: float) -> float:
         if mantissa * power >= step * (1 - 1e-9):
             return float(f"{mantissa * power:.12g}")
     return 10 * power
-
-
-# --------------------------------------------------------------------------- step grid
-
-def step_grid(schedule: Schedule, marked: AbstractSet[Tuple[int, int]] = frozenset()) -> str:
-    """Rank x step grid of ``schedule``'s lists as written: row ``r`` is rank r, column ``k``
-    its k-th job, shown in short form ``{stage}{op}{mb}`` (``SEND_F`` ... and ``OPT`` too).
-    Cells in ``marked`` ((rank, index) pairs) are bracketed, e.g. ``[1B0]``.  Needs no times,
-    so it shows schedules that cannot be simulated (a deadlock) as well as valid ones."""
-    labels = [[_step_label(schedule, rank, job) for job in jobs]
-              for rank, jobs in enumerate(schedule.ranks)]
-    width = max([len(text) for row in labels for text in row] + [1]) + 2
-    columns = max([len(row) for row in labels] + [0])
-    rank_width = len(str(max(len(labels) - 1, 0)))
-    lines = [f"step {'':>{rank_width}} |" + "".join(f"{k:^{width}}" for k in range(columns)).rstrip()]
-    for rank, row in enumerate(labels):
-        cells = "".join((f"[{text}]" if (rank, index) in marked else f" {text} ").center(width)
-                        for index, text in enumerate(row))
-        lines.append(f"rank {rank:>{rank_width}} |" + cells.rstrip())
-    return "\n".join(lines)
-
-
-def _step_label(schedule: Schedule, rank: int, job: Job) -> str:
-    try:
-        return str(schedule.to_action(rank, job))
-    except ValueError:  # a chunk the placement lacks: still show the job
-        return str(job)
 
 
 # --------------------------------------------------------------------------- Chrome trace

@@ -86,7 +86,7 @@ def test_auto_strictly_better_somewhere():
 
 def test_memory_lower_bound_is_a_lower_bound():
     from pipesplit.job_list.auto import memory_lower_bound
-    from pipesplit.job_list.simulate import lower_bound
+    from pipesplit.job_list.bounds import lower_bound
     for costs in (C01, UNEQUAL, Costs(1.0, None, 1.0, 1.0)):
         for placement in (LOOPED, V_SHAPE):
             for pp, vpp, m in ((2, 1, 2), (4, 1, 8), (4, 2, 5), (2, 2, 4), (3, 2, 7)):

@@ -5,9 +5,9 @@ import pytest
 from pipesplit.job_list import (build_schedule, global_order, lower_comm, schedule_names,
                                 serves, simulate)
 from pipesplit.job_list.auto import SearchContext
-from pipesplit.job_list.events import rank_peaks, serial_memory, walk
+from pipesplit.job_list.events import execute, rank_peaks, serial_memory, walk
 from pipesplit.job_list.simulate import Costs
-from pipesplit.job_list.validate import ScheduleError, execute
+from pipesplit.job_list.validate import ScheduleError
 
 COSTS = Costs(1.0, None, 1.5, 0.5, comm=0.25, w_memory=0.7)
 

@@ -217,7 +217,7 @@ def test_views_do_not_import_matplotlib_or_paddle_eagerly():
 
 def test_step_grid_of_a_valid_schedule():
     from pipesplit.job_list import lower_comm
-    from pipesplit.job_list.views import step_grid
+    from pipesplit.job_list.grid import step_grid
 
     schedule = build_schedule("1F1B", 2, 1, 3)
     assert step_grid(schedule) == (

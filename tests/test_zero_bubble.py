@@ -4,7 +4,8 @@ import pytest
 from pipesplit.job_list import build_schedule, get_spec
 from pipesplit.job_list.ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD
 from pipesplit.job_list.placement import LOOPED, V_SHAPE
-from pipesplit.job_list.simulate import Costs, lower_bound, simulate
+from pipesplit.job_list.bounds import lower_bound
+from pipesplit.job_list.simulate import Costs, simulate
 from pipesplit.job_list.validate import validate
 
 NEW = ("ZBH1", "ZBH2", "InterleavedZB", "ZBV", "ZBVPP", "DualPipeV")

@@ -9,7 +9,7 @@ backward themselves (``spec.splits_backward``, the W-filling zero-bubble family)
 classic ones run as they are.  Per row: makespan, makespan / lower bound, bubble ratio and peak
 activation memory (max over ranks), beside the closed form ``(m*v + p - 1)(tF + tB)``
 (GPipe / 1F1B for v = 1, interleaved for v > 1; communication-free) and
-:func:`~pipesplit.job_list.simulate.lower_bound`.  Ends with the best schedule per configuration.
+:func:`~pipesplit.job_list.bounds.lower_bound`.  Ends with the best schedule per configuration.
 Pure Python (no paddle); the full grid runs in well under two minutes.
 """
 from __future__ import annotations
@@ -45,7 +45,8 @@ def _config_rows(names: Sequence[str], pp: int, vpp: int, m: int,
                  validate_each: bool) -> List[dict]:
     """Rows of every schedule and cost model for one (pp, vpp, m); runs in a worker process."""
     from pipesplit.job_list import build_schedule, get_spec
-    from pipesplit.job_list.simulate import Costs, lower_bound, simulate
+    from pipesplit.job_list.bounds import lower_bound
+    from pipesplit.job_list.simulate import Costs, simulate
     from pipesplit.job_list.validate import validate
     from pipesplit.tools.cli import accepts, load_schedules
 

@@ -153,7 +153,7 @@ def _m(args) -> int:
 
 
 def summary_numbers(sim) -> dict:
-    from pipesplit.job_list.simulate import lower_bound
+    from pipesplit.job_list.bounds import lower_bound
 
     s = sim.schedule
     bound = lower_bound(s.pp, s.vpp, s.m, sim.costs)
@@ -234,7 +234,8 @@ def cmd_export(args) -> int:
 
 def cmd_compare(args) -> int:
     from pipesplit.job_list import get_spec, schedule_names
-    from pipesplit.job_list.simulate import lower_bound, simulate
+    from pipesplit.job_list.bounds import lower_bound
+    from pipesplit.job_list.simulate import simulate
 
     costs, given = parse_costs(args)
     if args.schedules:

@@ -1,8 +1,11 @@
-"""The simulator's timeline types and its latency model (:func:`simulate_latency`): each rank
-runs its list in order; a job starts when its rank is free and its dependencies are done (plus
-the latency ``comm`` when they ran on another rank); send / recv jobs take no time.  Apart from
-:mod:`simulate` so that the comm lowering, which the rendezvous model runs on, can time a
-schedule without importing it.
+"""The latency model (:func:`simulate_latency`) and the timeline every simulation returns
+(:class:`SimResult`): each rank runs its list in order; a job starts when its rank is free and
+its dependencies are done (plus the latency ``comm`` when they ran on another rank); send /
+recv jobs take no time.
+
+The comm lowering places its send / recv pairs by this model's times, and the rendezvous model
+(:mod:`simulate`) runs on the lowered schedule: so this model sits below :mod:`lower` and the
+rendezvous model above it.
 """
 from __future__ import annotations
 
