@@ -13,11 +13,13 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import paddle
 
+from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD,
+                                   OPTIMIZER, job_type)
+
 from .accumulate import AccumulationInfo, add_gradient_accumulation
 from .checks import check_stage_flow
 from .complete import SINK_OPS, SOURCE_OPS, check_program, complete_program
-from .roles import (BACKWARD_W_ATTR, COMM_KINDS, HANDOFF_PREFIX, ROLE_BACKWARD, ROLE_FORWARD,
-                    ROLE_OPTIMIZE)
+from .roles import BACKWARD_W_ATTR, HANDOFF_PREFIX, ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE
 
 
 @dataclass
@@ -77,24 +79,24 @@ def job_types_for(num_chunks: int, split_backward) -> List[str]:
     split = split_chunks(num_chunks, split_backward)
     types = []
     for c in range(num_chunks):
-        kinds = ["forward"] + (["backward_b", "backward_w"] if c in split else ["backward"])
-        types += [f"{k}{c}" for k in kinds + list(COMM_KINDS)]
-    return types + ["optimizer"]
+        kinds = [FORWARD] + ([BACKWARD_B, BACKWARD_W] if c in split else [BACKWARD])
+        types += [job_type(kind, c) for kind in kinds + list(COMM_KINDS)]
+    return types + [OPTIMIZER]
 
 
 def _job_of(op, split_backward) -> str:
     """Job type of ``op``; ``split_backward``: the set of split chunks."""
     role = op.op_role
     if role == ROLE_OPTIMIZE:
-        return "optimizer"
+        return OPTIMIZER
     c = op.chunk_id
     if role == ROLE_FORWARD:
-        return f"forward{c}"
+        return job_type(FORWARD, c)
     if role == ROLE_BACKWARD:
         if c not in split_backward:
-            return f"backward{c}"
+            return job_type(BACKWARD, c)
         w = op.has_attr(BACKWARD_W_ATTR) and bool(op.attrs()[BACKWARD_W_ATTR])
-        return f"backward_w{c}" if w else f"backward_b{c}"
+        return job_type(BACKWARD_W if w else BACKWARD_B, c)
     raise ValueError(f"op {op.name()} has op_role {role}")
 
 

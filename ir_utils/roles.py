@@ -5,9 +5,9 @@
   :mod:`pipesplit.job_list.ir` (``FORWARD = "forward"`` ...), which are strings.
 * **Op attributes and value names** pipesplit writes into a program: the W-op marker, the
   handoff and gradient-accumulation names.
-* **Communication job kinds**, the prefixes of the send / recv sub-programs' job types
-  (``send_forward3``).  They are job_list's ``COMM_KINDS`` (tests/test_roles.py checks it);
-  ir_utils does not import job_list, so the names stand here once more.
+
+Job kinds and job types (``send_forward3``) are :mod:`pipesplit.job_list.ir`'s
+(``COMM_KINDS``, ``job_type``); ir_utils imports them from there.
 """
 from __future__ import annotations
 
@@ -23,8 +23,3 @@ HANDOFF_PREFIX = "pipesplit_handoff_"
 #: suffix of a parameter's gradient accumulator; prefix of a chunk's micro-batch counter
 ACC_SUFFIX = "@PS_ACC"
 COUNT_PREFIX = "pipesplit_acc_count_"
-
-#: job type prefixes of the communication sub-programs (``f"{kind}{chunk}"``)
-SEND_FORWARD, RECV_FORWARD = "send_forward", "recv_forward"
-SEND_BACKWARD, RECV_BACKWARD = "send_backward", "recv_backward"
-COMM_KINDS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)

@@ -9,6 +9,10 @@ import numpy as np
 import paddle
 from paddle.base import core
 
+from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER,
+                                   RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD,
+                                   job_type)
+
 from .checks import check_feed, describe_missing, missing_scope_vars, plan_inputs
 
 #: core.Plan -> the program whose LR scheduler the plan runs under (a program with
@@ -192,18 +196,15 @@ def fthenb_order(num_chunks: int, num_micro_batches: int, split_backward: bool =
     per micro-batch, then the optimizer (micro-batch 0)."""
     _check_m(num_micro_batches)
     order = []
+    backward = [BACKWARD_B, BACKWARD_W] if split_backward else [BACKWARD]
     for mb in range(num_micro_batches):
         for c in range(num_chunks):
-            order += [(f"recv_forward{c}", mb), (f"forward{c}", mb), (f"send_forward{c}", mb)]
+            order += [(job_type(kind, c), mb) for kind in (RECV_FORWARD, FORWARD, SEND_FORWARD)]
     for mb in range(num_micro_batches):
         for c in reversed(range(num_chunks)):
-            order.append((f"recv_backward{c}", mb))
-            if split_backward:
-                order += [(f"backward_b{c}", mb), (f"backward_w{c}", mb)]
-            else:
-                order.append((f"backward{c}", mb))
-            order.append((f"send_backward{c}", mb))
-    order.append(("optimizer", 0))
+            order += [(job_type(kind, c), mb)
+                      for kind in [RECV_BACKWARD] + backward + [SEND_BACKWARD]]
+    order.append((OPTIMIZER, 0))
     return order
 
 

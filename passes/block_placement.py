@@ -140,7 +140,7 @@ def _targets(dist_program, pipeline_strategy, kind, meshes) -> dict:
         if op.dist_attr is None or op.name() in _STAY \
                 or op.dist_attr.process_mesh not in meshes:
             continue  # (ops on the global mesh, e.g. a mask every stage reads, stay there)
-        stage = seg * stages // len(segments)
+        stage = placement.stage_of_block(seg, len(segments))
         target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp, stage)
     _place_feeds(dist_program, target, getattr(pipeline_strategy, FED_MESHES, {}))
     return target

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
+from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
+                                   SEND_FORWARD, job_type, other_end)
 from pipesplit.job_list.lower import peer_of
 from pipesplit.job_list.pipe import Pipe
 
@@ -53,9 +54,9 @@ def block_meshes(meshes: Sequence, num_blocks: int, schedule_mode: str, vpp_degr
                  ) -> list:
     """The process mesh of each of ``num_blocks`` blocks (model order) for the schedule's
     placement: ``meshes[r]`` is pipeline rank r's mesh.  Block i goes to virtual stage
-    ``i * pp * vpp // num_blocks`` and that stage's rank (looped or V).  Use it to place the
-    blocks, the head (the last block's mesh) and the labels, so one model code serves every
-    schedule; with vpp = 1 and looped schedules it is the plain model-order split."""
+    ``Placement.stage_of_block(i, num_blocks)`` and that stage's rank (looped or V).  Use it to
+    place the blocks, the head (the last block's mesh) and the labels, so one model code serves
+    every schedule; with vpp = 1 and looped schedules it is the plain model-order split."""
     from pipesplit.job_list.placement import Placement, check_positive_int
     from pipesplit.job_list.registry import get_spec
 
@@ -66,7 +67,8 @@ def block_meshes(meshes: Sequence, num_blocks: int, schedule_mode: str, vpp_degr
         raise ValueError(f"num_blocks must be a multiple of pp x vpp_degree = {stages}, "
                          f"got {num_blocks}")
     placement = Placement(get_spec(schedule_mode).placement, pp, vpp_degree)
-    return [meshes[placement.rank_of(i * stages // num_blocks)] for i in range(num_blocks)]
+    return [meshes[placement.rank_of(placement.stage_of_block(i, num_blocks))]
+            for i in range(num_blocks)]
 
 
 def is_engine_program(program) -> bool:
@@ -129,7 +131,7 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
         peer_process = ring[1][int(attrs["peer"])]
         peer = _pipeline_rank(pipe, peer_process, op.name(), kind, chunk)
         stage = placement.stage(rank, chunk)
-        other = stage + 1 if kind in (SEND_FORWARD, RECV_BACKWARD) else stage - 1
+        other, _ = other_end(kind, stage)
         expected = placement.rank_of(other) if 0 <= other < schedule.num_stages else None
         if expected is None:
             raise ValueError(
@@ -146,7 +148,7 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
                 "placement")
         k = counts.get((kind, chunk), 0)
         counts[(kind, chunk)] = k + 1
-        name = f"{HANDOFF_PREFIX}{kind}{chunk}_{k}"
+        name = f"{HANDOFF_PREFIX}{job_type(kind, chunk)}_{k}"
         if op.name() == "pd_op.send_v2":
             value = op.operand_source(0)
             paddle.pir.set_insertion_point(op)
@@ -166,7 +168,7 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
             src, dst, src_stage, dst_stage = peer, rank, other, stage
             src, dst = pipe.process_of(src), pipe.process_of(dst)
         if any(int(s) < 0 for s in value_type.shape):
-            raise ValueError(f"{op.name()} of {kind}{chunk} has a dynamic shape "
+            raise ValueError(f"{op.name()} of {job_type(kind, chunk)} has a dynamic shape "
                              f"{list(value_type.shape)}; pipesplit's engine path needs the static "
                              "micro-batch shapes the engine gives (set "
                              "strategy.pipeline.micro_batch_size)")
@@ -184,11 +186,11 @@ def _pipeline_rank(pipe: Pipe, process: int, op_name: str, kind: str, chunk: int
         return pipe.rank_of(process)
     except ValueError:
         raise ValueError(
-            f"the engine's program has a {op_name} ({kind}{chunk}) with process {process}, which "
-            f"is not in this process's pipeline {list(pipe.processes)} (the processes of each "
-            "stage mesh at this process's coordinate): the stage meshes must be the sub-meshes "
-            "of one global mesh along its 'pp' axis, activations resharded between them with "
-            "the same placements") from None
+            f"the engine's program has a {op_name} ({job_type(kind, chunk)}) with process "
+            f"{process}, which is not in this process's pipeline {list(pipe.processes)} (the "
+            "processes of each stage mesh at this process's coordinate): the stage meshes must "
+            "be the sub-meshes of one global mesh along its 'pp' axis, activations resharded "
+            "between them with the same placements") from None
 
 
 def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, rank: int):
@@ -201,10 +203,10 @@ def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, 
         other = "the engine program has none" if (kind, chunk) in scheduled \
             else "the schedule has none"
         raise ValueError(
-            f"strategy.pipeline.schedule_mode={lowered.name!r}: {where} {kind}{chunk} on rank "
-            f"{rank} but {other}: the program's stage boundaries do not match the schedule's "
-            f"{lowered.placement.kind} placement (pp_degree={lowered.pp}, "
-            f"vpp_degree={lowered.vpp})")
+            f"strategy.pipeline.schedule_mode={lowered.name!r}: {where} "
+            f"{job_type(kind, chunk)} on rank {rank} but {other}: the program's stage "
+            f"boundaries do not match the schedule's {lowered.placement.kind} placement "
+            f"(pp_degree={lowered.pp}, vpp_degree={lowered.vpp})")
 
 
 _exchange_round = [0]  # per process: every rank calls the pass the same number of times
@@ -234,7 +236,7 @@ def world_transfers(found: List[EngineTransfer], schedule: Schedule, rank: int
         published = json.loads(bytes(store.get(f"{key}/{other}")).decode())
         for i, (kind, src_stage, dst_stage, dst, shape, dtype) in enumerate(published):
             if dst != rank:  # this rank's own recvs are in ``found``
-                out.append(Transfer(f"rank{other}_{kind}{src_stage}_{i:04d}",
+                out.append(Transfer(f"rank{other}_{job_type(kind, src_stage)}_{i:04d}",
                                     handoff_type(shape, dtype), other, dst, src_stage,
                                     dst_stage))
     return out
@@ -244,7 +246,7 @@ def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: 
     """GPU: the op producing a sent value records an event its send waits for; a received
     value's first consumer in every compute program waits for the recv's event."""
     for t, comm_op in zip(transfers, comm_ops):
-        for job_type, program in compute.items():
+        for program_type, program in compute.items():
             if sending:
                 producer = producer_of(program, t.name)
                 if producer is not None:
@@ -252,7 +254,7 @@ def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: 
             else:
                 user = first_user(program, t.name)
                 if user is not None:
-                    add_event_dependency(comm_op, user, f"{t.name}_{job_type}")
+                    add_event_dependency(comm_op, user, f"{t.name}_{program_type}")
 
 
 def _needs_lockstep(programs, config: PipelineConfig) -> bool:
@@ -281,7 +283,7 @@ def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backen
     for chunk in range(config.vpp_degree):
         for kind in COMM_KINDS:
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
-            programs[f"{kind}{chunk}"], comm_ops = build_comm_program(sel, process, backend)
+            programs[job_type(kind, chunk)], comm_ops = build_comm_program(sel, process, backend)
             if backend == "nccl":
                 add_stream_events(compute, sel, comm_ops, sending=kind.startswith("send"))
     job_order = []

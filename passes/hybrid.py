@@ -17,7 +17,8 @@ import json
 from typing import Dict, List, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD, SEND_FORWARD
+from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
+                                   SEND_FORWARD, job_type)
 from pipesplit.job_list.lower import global_order, peer_of
 from pipesplit.job_list.pipe import Pipe
 
@@ -34,9 +35,9 @@ BYSTANDER = "bystander"
 _round = [0]  # per process: every process calls the pass the same number of times
 
 
-def bystander_type(rank: int, job_type: str) -> str:
-    """Job type of the bystander of pipeline rank ``rank``'s job ``job_type``."""
-    return f"{BYSTANDER}_{rank}_{job_type}"
+def bystander_type(rank: int, own_type: str) -> str:
+    """Job type of the bystander of pipeline rank ``rank``'s job ``own_type``."""
+    return f"{BYSTANDER}_{rank}_{own_type}"
 
 
 def ring_ranks(ring_id: int) -> Tuple[int, ...]:
@@ -118,15 +119,15 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
     rank = config.pp_stage
     process = pipe.process_of(rank)
     gathers: Dict[str, list] = {}
-    for job_type, program in programs.items():
-        if job_type != OPTIMIZER:
-            gathers[job_type] = emulate_group_collectives(program, process, world,
-                                                          _within_stage(pipe, process))
+    for program_type, program in programs.items():
+        if program_type != OPTIMIZER:
+            gathers[program_type] = emulate_group_collectives(program, process, world,
+                                                              _within_stage(pipe, process))
     for chunk in range(config.vpp_degree):
         for kind in COMM_KINDS:
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
-            programs[f"{kind}{chunk}"], gathers[f"{kind}{chunk}"] = \
-                world_comm_program(sel, process, world)
+            comm_type = job_type(kind, chunk)
+            programs[comm_type], gathers[comm_type] = world_comm_program(sel, process, world)
     optimizer = programs.get(OPTIMIZER)  # (evaluation and prediction have none)
     sequence = [] if optimizer is None else [
         (kind, None if peer is None else pipe.rank_of(peer), gather)
@@ -134,10 +135,10 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
     everyone = _exchange({"jobs": gathers, "optimizer": sequence}, pipe)
     jobs = {r: {t: _as_gathers(sig) for t, sig in p["jobs"].items()} for r, p in everyone.items()}
     order = lockstep_order(lowered, rank, jobs)
-    for job_type, _ in order:
-        if job_type.startswith(BYSTANDER) and job_type not in programs:
-            _, who, own_type = job_type.split("_", 2)
-            programs[job_type] = bystander_program(jobs[int(who)][own_type], world)
+    for program_type, _ in order:
+        if program_type.startswith(BYSTANDER) and program_type not in programs:
+            _, who, own_type = program_type.split("_", 2)
+            programs[program_type] = bystander_program(jobs[int(who)][own_type], world)
     if optimizer is not None:
         merged = merge_sequences({r: [(k, peer, (tuple(g[0]), g[1]))
                                       for k, peer, g in p["optimizer"]]

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import (COMM_KINDS, COMPUTE_KINDS, RECV_FORWARD, SEND_BACKWARD,
-                                   SEND_FORWARD, parse_job_type)
+from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, COMM_KINDS, COMPUTE_KINDS, FORWARD,
+                                   SEND_BACKWARD, SEND_FORWARD, job_type, other_end,
+                                   parse_job_type)
 from pipesplit.job_list.lower import global_order, peer_of
 
 from ._paddle import require_supported_paddle
@@ -39,11 +40,9 @@ paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
-from pipesplit.ir_utils.p2p import (BACKENDS, Transfer, add_event_dependency,  # noqa: E402
-                                    all_reduce_sum, build_comm_program, first_user, producer_of,
-                                    ring_pair, world_ring_comm)
-
-DEVICES = ("auto", "cpu", "gpu")
+from pipesplit.ir_utils.p2p import (Transfer, add_event_dependency, all_reduce_sum,  # noqa: E402
+                                    backend_for, build_comm_program, first_user, producer_of,
+                                    resolve_device, ring_pair, world_ring_comm)
 
 
 @dataclass
@@ -90,20 +89,6 @@ class RankInfo:
         return f"{t} micro-batch {mb} with rank {peer} {where}"
 
 
-def resolve_device(device: str = "auto") -> str:
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    if device != "auto":
-        return device
-    place = paddle.framework._current_expected_place()
-    if isinstance(place, paddle.CUDAPlace):
-        return "gpu"
-    if isinstance(place, paddle.CPUPlace):
-        return "cpu"
-    return "gpu" if paddle.is_compiled_with_cuda() and \
-        paddle.device.cuda.device_count() > 0 else "cpu"
-
-
 def _names_in(program) -> Set[str]:
     """Persistable / named values a program refers to: kwargs, parameters, data, outputs."""
     out = set()
@@ -147,8 +132,9 @@ def cross_rank_transfers(split: SplitProgram, schedule: Schedule) -> List[Transf
                 raise ValueError(f"handoff {name} from {h.producer} is read by the optimizer")
             if placement.rank_of(cstage) == placement.rank_of(pstage) or cstage in seen:
                 continue
-            forward = pkind == "forward" and cstage == pstage + 1
-            backward = pkind in ("backward", "backward_b") and cstage == pstage - 1
+            forward = pkind == FORWARD and cstage == other_end(SEND_FORWARD, pstage)[0]
+            backward = pkind in (BACKWARD, BACKWARD_B) and \
+                cstage == other_end(SEND_BACKWARD, pstage)[0]
             if not (forward or backward):
                 raise ValueError(
                     f"handoff {name} goes from {h.producer} (stage {pstage}) to {consumer} "
@@ -163,15 +149,11 @@ def cross_rank_transfers(split: SplitProgram, schedule: Schedule) -> List[Transf
 
 
 def _comm_transfers(kind: str, stage: int, transfers: List[Transfer]) -> List[Transfer]:
-    if kind == SEND_FORWARD:
-        sel = [t for t in transfers if t.src_stage == stage and t.dst_stage == stage + 1]
-    elif kind == RECV_FORWARD:
-        sel = [t for t in transfers if t.dst_stage == stage and t.src_stage == stage - 1]
-    elif kind == SEND_BACKWARD:
-        sel = [t for t in transfers if t.src_stage == stage and t.dst_stage == stage - 1]
-    else:  # RECV_BACKWARD
-        sel = [t for t in transfers if t.dst_stage == stage and t.src_stage == stage + 1]
-    return sorted(sel, key=lambda t: t.name)
+    """The transfers the send / recv of ``kind`` on ``stage`` carries, by name."""
+    other, _ = other_end(kind, stage)
+    ends = (stage, other) if kind in (SEND_FORWARD, SEND_BACKWARD) else (other, stage)
+    return sorted((t for t in transfers if (t.src_stage, t.dst_stage) == ends),
+                  key=lambda t: t.name)
 
 
 def p2p_ring_ids(schedule: Schedule) -> Dict[Tuple[int, int], int]:
@@ -339,9 +321,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     rank = config.pp_stage
     if rank is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
-    device = resolve_device(device)
-    backend = "gloo" if device == "cpu" else "nccl"
-    assert backend in BACKENDS
+    backend = backend_for(resolve_device(device))
     schedule, lowered = open_schedule(config, main_program)
     split, report = split_sub_programs(main_program, config, schedule=schedule)
 
@@ -398,9 +378,9 @@ def _local_compute_programs(split: SplitProgram, stages: Dict[int, int], forward
                             ) -> Dict[str, object]:
     """The rank's compute programs under local job types (``backward1`` for its chunk 1); a
     stage's backward is one job or B / W as its schedule runs it (split_chunks_of)."""
-    kinds = ["forward"] if forward_only else list(COMPUTE_KINDS)
-    return {f"{kind}{c}": split.programs[f"{kind}{s}"]
-            for c, s in stages.items() for kind in kinds if f"{kind}{s}" in split.programs}
+    kinds = [FORWARD] if forward_only else list(COMPUTE_KINDS)
+    return {job_type(kind, c): split.programs[job_type(kind, s)]
+            for c, s in stages.items() for kind in kinds if job_type(kind, s) in split.programs}
 
 
 def _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_ids, progress
@@ -411,7 +391,7 @@ def _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_i
     comm: Dict[str, CommJobInfo] = {}
     for c, s in stages.items():
         for kind in COMM_KINDS:
-            t = f"{kind}{c}"
+            t = job_type(kind, c)
             sel = _comm_transfers(kind, s, transfers)
             prog, comm_ops = build_comm_program(sel, rank, backend, ring_ids=ring_ids,
                                                 progress=progress and bool(sel) and backend == "gloo")
@@ -473,7 +453,7 @@ def _rank_split(split: SplitProgram, programs, stages: Dict[int, int], num_chunk
     for t, n in split.fetches:
         kind, stage = parse_job_type(t)
         if stage is not None and stage in stage_to_chunk:
-            fetches.append((f"{kind}{stage_to_chunk[stage]}", n))
+            fetches.append((job_type(kind, stage_to_chunk[stage]), n))
     rank_split = SplitProgram(
         programs=dict(programs), num_chunks=num_chunks, split_backward=split.split_backward,
         handoffs={n: h for n, h in split.handoffs.items()

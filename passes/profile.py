@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from pipesplit.job_list.events import rank_peaks, serial_memory
-from pipesplit.job_list.ir import COMM_KINDS, COMPUTE_KINDS, parse_job_type
+from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, COMPUTE_KINDS,
+                                   FORWARD, OPTIMIZER, job_type, parse_job_type)
 from pipesplit.job_list.simulate import Costs
 
 from ._paddle import require_supported_paddle
@@ -230,9 +231,10 @@ def split_programs(model, pp: int, vpp: int, m: int, split_backward: bool):
 
 
 def _grouped_types(num_stages: int, split_backward: bool) -> List[str]:
-    types = [f"forward{s}" for s in range(num_stages)]
+    backward = [BACKWARD_B, BACKWARD_W] if split_backward else [BACKWARD]
+    types = [job_type(FORWARD, s) for s in range(num_stages)]
     for s in reversed(range(num_stages)):
-        types += [f"backward_b{s}", f"backward_w{s}"] if split_backward else [f"backward{s}"]
+        types += [job_type(kind, s) for kind in backward]
     return types
 
 
@@ -313,15 +315,16 @@ def _probes(num_stages: int, split_backward: bool) -> List[Tuple[str, List[str]]
     """(probed job type, the job types that must run before it) for every type timed: a chain
     of forwards then backwards (B's when split); split, also each W after its B, the optimizer
     and the send / recv jobs (no prerequisites); unsplit, only the full backwards."""
-    chain = [f"forward{s}" for s in range(num_stages)]
-    chain += [f"backward{'_b' if split_backward else ''}{s}" for s in reversed(range(num_stages))]
+    backward = BACKWARD_B if split_backward else BACKWARD
+    chain = [job_type(FORWARD, s) for s in range(num_stages)]
+    chain += [job_type(backward, s) for s in reversed(range(num_stages))]
     probes = [(t, chain[:k]) for k, t in enumerate(chain)]
     if not split_backward:
-        return [(t, pre) for t, pre in probes if t.startswith("backward")]
-    probes += [(f"backward_w{s}", chain[:chain.index(f"backward_b{s}") + 1])
+        return [(t, pre) for t, pre in probes if parse_job_type(t)[0] == BACKWARD]
+    probes += [(job_type(BACKWARD_W, s), chain[:chain.index(job_type(BACKWARD_B, s)) + 1])
                for s in reversed(range(num_stages))]
-    probes.append(("optimizer", []))
-    probes += [(f"{c}{s}", []) for s in range(num_stages) for c in COMM_KINDS]
+    probes.append((OPTIMIZER, []))
+    probes += [(job_type(kind, s), []) for s in range(num_stages) for kind in COMM_KINDS]
     return probes
 
 

@@ -33,7 +33,8 @@ def measure(hidden: int = 512, layers_per_stage: int = 2, pp: int = 2, m: int = 
     import paddle
     paddle.enable_static()
     from pipesplit.ir_utils import build_gpt
-    from pipesplit.passes.profile import COMM_KINDS, profile_jobs, split_programs
+    from pipesplit.job_list.ir import BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, job_type
+    from pipesplit.passes.profile import profile_jobs, split_programs
 
     model = build_gpt(pp, layers_per_stage=layers_per_stage, hidden=hidden, heads=max(1, hidden // 64),
                       seq_len=seq_len, batch_size=m * micro_batch_size, optimizer="adam", lr=1e-3)
@@ -43,8 +44,8 @@ def measure(hidden: int = 512, layers_per_stage: int = 2, pp: int = 2, m: int = 
     split = split_programs(model, pp, 1, m, True).programs
     whole = split_programs(model, pp, 1, m, False).programs
 
-    def ops(programs, job_type):
-        return len(programs[job_type].global_block().ops)
+    def ops(programs, program_type):
+        return len(programs[program_type].global_block().ops)
 
     rows = []
     for s in range(pp):
@@ -54,8 +55,8 @@ def measure(hidden: int = 512, layers_per_stage: int = 2, pp: int = 2, m: int = 
             "stage": s, "forward_ms": t["forward"][s], "backward_ms": tb, "backward_b_ms": ti,
             "backward_w_ms": tw, "ratio": (ti + tw) / tb if tb > 0 else None, "gap_ms": gap,
             "job_overhead_ms": empty, "extra_work_ms": gap - empty,
-            "ops_b": ops(whole, f"backward{s}"),
-            "ops_i_w": ops(split, f"backward_b{s}") + ops(split, f"backward_w{s}"),
+            "ops_b": ops(whole, job_type(BACKWARD, s)),
+            "ops_i_w": ops(split, job_type(BACKWARD_B, s)) + ops(split, job_type(BACKWARD_W, s)),
         })
     return {"model": f"build_gpt({pp}, layers_per_stage={layers_per_stage}, hidden={hidden}, "
                      f"seq_len={seq_len}, micro_batch_size={micro_batch_size}, adam)",

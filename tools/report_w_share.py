@@ -33,6 +33,7 @@ import time
 import warnings
 from typing import Dict, List, Tuple
 
+from pipesplit.job_list.ir import BACKWARD_B, BACKWARD_W, FORWARD, OPTIMIZER, job_type
 from pipesplit.tools._console import write_json
 
 
@@ -95,16 +96,16 @@ def run(reps: int = 9, hidden: int = 128, seq_len: int = 64, batch: int = 16, m:
         return PlanRunner(plan, init_scope(model, pp.split)), feed
 
     mbs = range(m)
-    fwd = [(f"forward{c}", j) for j in mbs for c in range(stages)]
-    opt = [("optimizer", 0)]
+    fwd = [(job_type(FORWARD, c), j) for j in mbs for c in range(stages)]
+    opt = [(OPTIMIZER, 0)]
 
     def bwd(skip_w=()):
         order = []
         for j in mbs:
             for c in reversed(range(stages)):
-                order.append((f"backward_b{c}", j))
+                order.append((job_type(BACKWARD_B, c), j))
                 if c not in skip_w:
-                    order.append((f"backward_w{c}", j))
+                    order.append((job_type(BACKWARD_W, c), j))
         return order
 
     all_chunks = tuple(range(stages))
@@ -112,9 +113,9 @@ def run(reps: int = 9, hidden: int = 128, seq_len: int = 64, batch: int = 16, m:
     for c in range(stages):
         plans[f"no_w{c}"] = fwd + bwd((c,)) + opt
     # prefixes by job type
-    types = [f"forward{c}" for c in range(stages)]
+    types = [job_type(FORWARD, c) for c in range(stages)]
     for c in reversed(range(stages)):
-        types += [f"backward_b{c}", f"backward_w{c}"]
+        types += [job_type(BACKWARD_B, c), job_type(BACKWARD_W, c)]
     prefixes = {}
     for k in range(len(types) + 1):
         order = [(t, j) for t in types[:k] for j in mbs] + opt
@@ -140,7 +141,7 @@ def _shares(ms: Dict[str, float], stages: int, types: List[str]) -> dict:
     prefix = {"optimizer_only_ms": ms["prefix0"], "per_type_ms": per_type, "per_chunk": {}}
     tb = tw = 0.0
     for c in range(stages):
-        b, w = per_type[f"backward_b{c}"], per_type[f"backward_w{c}"]
+        b, w = per_type[job_type(BACKWARD_B, c)], per_type[job_type(BACKWARD_W, c)]
         tb, tw = tb + b, tw + w
         prefix["per_chunk"][c] = {"b_ms": b, "w_ms": w,
                                   "w_share": w / (b + w) if b + w > 0 else float("nan")}
