@@ -1,8 +1,10 @@
 """The layering of the packages, read from the source with ``ast``: imports point one way
-(job_list <- ir_utils <- passes <- tools), no module circle (module-level and function-level
-imports alike), and every package stays in small pieces."""
+(job_list <- ir_utils <- passes <- tools), no module circle (module-level, function-level and
+``if TYPE_CHECKING:`` imports alike), every package stays in small pieces, and job-type strings
+are built only by ``job_list.ir.job_type``."""
 import ast
 import os
+import re
 
 import pytest
 
@@ -34,18 +36,18 @@ def _module_files():
 MODULES = _module_files()
 
 
+def _parse(path):
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read(), path)
+
+
 def _imported(module, path):
-    """Our modules ``module`` imports anywhere in its file (module level or inside functions)."""
+    """Our modules ``module`` imports anywhere in its file: module level, inside functions or
+    under ``if TYPE_CHECKING:`` (a circle only type checkers walk is still a circle)."""
     is_package = path.endswith("__init__.py")
     base = module.split(".") if is_package else module.split(".")[:-1]
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
     targets = set()
-    type_only = {id(inner) for node in ast.walk(tree) if _is_type_checking_block(node)
-                 for inner in ast.walk(node)}
-    for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue  # "if TYPE_CHECKING:" imports never run
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -72,12 +74,6 @@ def _imported(module, path):
     return targets
 
 
-def _is_type_checking_block(node):
-    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 GRAPH = {module: _imported(module, path) for module, path in MODULES.items()}
 
 
@@ -90,6 +86,13 @@ def test_graph_sees_module_and_function_level_imports():
     assert ("passes.per_rank", "job_list.ir") in _edges()              # absolute pipesplit.
     assert "job_list.zero_bubble" in GRAPH["job_list"]                 # from . import x
     assert any(b.startswith("job_list") for b in GRAPH["tools.cli"])   # function level (lazy)
+
+
+def test_graph_sees_type_checking_imports(tmp_path):
+    path = tmp_path / "validate.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from .views import step_grid\n")
+    assert "job_list.views" in _imported("job_list.validate", str(path))
 
 
 def test_no_import_cycles():
@@ -136,3 +139,69 @@ def test_files_and_functions_are_small():
                     long_functions.append(f"{module}.{node.name}: {length} lines")
     assert not long_files, long_files
     assert not long_functions, long_functions
+
+
+# --------------------------------------------------------------------------- job types
+
+#: the kinds a job type starts with (``send_`` / ``recv_`` cover the four comm kinds)
+_JOB_KIND_TAIL = re.compile(r"(?<![A-Za-z0-9_])(forward|backward|backward_b|backward_w|send_|recv_"
+                            r"|send_forward|recv_forward|send_backward|recv_backward)$")
+#: a formatted value that names a job kind: ``{kind}``, ``{job.kind}``, ``{self.kind}``
+_KIND_VALUE = re.compile(r"(^|\.)kind$")
+#: files allowed to build job-type strings themselves, each with why
+JOB_TYPE_ALLOWED = {
+    # Paddle's own job types, fed to Paddle's VScheduleCreator by a script that runs with
+    # paddlepaddle alone (pipesplit need not be installed)
+    "tools/reference_orders/dump_paddle_orders.py",
+}
+
+
+def _is_kind_text(node):
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) \
+        and _JOB_KIND_TAIL.search(node.value) is not None
+
+
+def _is_kind_value(node):
+    return isinstance(node, ast.FormattedValue) and \
+        _KIND_VALUE.search(ast.unparse(node.value)) is not None
+
+
+def _built_job_types(tree):
+    """(line, source) of every expression that writes a kind and a number together: an
+    f-string with a kind literal (``f"forward{c}"``, ``f"send_{kind}{c}"``) or a kind value
+    (``f"{kind}{c}"``) directly followed by a formatted value, or ``"forward" + ...``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            pairs = zip(node.values, node.values[1:])
+            if any(isinstance(b, ast.FormattedValue) and (_is_kind_text(a) or _is_kind_value(a))
+                   for a, b in pairs):
+                yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) \
+                and _is_kind_text(node.left) and not isinstance(node.right, ast.Constant):
+            yield node.lineno, ast.unparse(node)
+
+
+def test_the_scan_sees_built_job_types():
+    code = ('a = f"forward{c}"; b = f"send_{kind}{chunk}"; c = f"{job.kind}{job.chunk}"; '
+            'd = "backward_b" + str(c); e = f"{k} ms"; f = f"rank{r}_{x}"; g = f"pipesplit_{c}"')
+    assert [line for line, _ in _built_job_types(ast.parse(code))] == [1, 1, 1, 1]
+
+
+def _lines_of_job_type(tree):
+    """The lines of ``job_type`` itself (job_list/ir.py), the one place that builds them."""
+    return {line for node in tree.body if isinstance(node, ast.FunctionDef)
+            and node.name == "job_type" for line in range(node.lineno, node.end_lineno + 1)}
+
+
+def test_job_types_are_built_by_job_type_only():
+    found = []
+    for module, path in sorted(MODULES.items()):
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        if rel in JOB_TYPE_ALLOWED:
+            continue
+        tree = _parse(path)
+        own = _lines_of_job_type(tree) if module == "job_list.ir" else set()
+        found += [f"{rel}:{line}: {src}" for line, src in _built_job_types(tree)
+                  if line not in own]
+    assert not found, "build job types with pipesplit.job_list.ir.job_type(kind, chunk):\n" + \
+        "\n".join(found)
