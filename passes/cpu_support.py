@@ -23,16 +23,22 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
 pipesplit's own engine path (:mod:`pipesplit.passes.engine`) builds its gloo transfers itself.
 Paddle's own passes run on two CPU ranks (one usable communicator per process); pipesplit's
 serve more (the world ring, :mod:`pipesplit.passes.hybrid`).
-:func:`disable` restores every patched name.
+The hook bodies are :mod:`pipesplit.passes.cpu_hooks`; the names are replaced (and given
+back by :func:`disable`) only by :mod:`pipesplit.passes.paddle_patches`, group ``"cpu"``.
+
+Order: call :func:`enable` before ``dist.to_static``.  The engine prepares its programs,
+communicators and parameters lazily (the first ``train()`` / ``eval()`` / step), so an
+:func:`enable` after ``to_static`` but before that still covers them (only the ``fleet.init``
+skip comes too late: that ``DistModel`` has run it, which two CPU processes survive).
 """
 from __future__ import annotations
 
 from ._paddle import require_supported_paddle
+from . import paddle_patches
 
 paddle = require_supported_paddle()
 
-_originals: dict = {}
-_gloo_rings: set = set()
+_GROUP = "cpu"
 
 
 def needed() -> bool:
@@ -41,178 +47,19 @@ def needed() -> bool:
     return not (core.is_compiled_with_cuda() or core.is_compiled_with_xpu())
 
 
-def _instantiate_gloo(group) -> None:
-    """``ProcessGroup.instantiate`` for a CPU build: a gloo comm context for the group's ring."""
-    from paddle.distributed.auto_parallel.static.process_group import _get_global_env
-
-    if group._is_instantiate:
-        return
-    rank = _get_global_env().rank
-    if group.nranks >= 2 and rank in group.ranks and group.id != 0 \
-            and group.id not in _gloo_rings:
-        core = paddle.base.core
-        core.CommContextManager.create_gloo_comm_context(
-            core.create_or_get_global_tcp_store(), str(group.id), group.local_rank(rank),
-            group.nranks)
-        _gloo_rings.add(group.id)
-    group._is_instantiate = True
-
-
-def _moves_between_meshes(tensor, dist_attr) -> bool:
-    """A tensor going to another process mesh of the same shape with the same placements (a
-    parameter whose stage moved to another rank, as chunk completion does for vpp > 1)."""
-    src, dst = tensor.process_mesh, dist_attr.process_mesh
-    return src.process_ids != dst.process_ids and list(src.shape) == list(dst.shape) \
-        and _dims_mapping(tensor.placements, len(tensor.shape)) == list(dist_attr.dims_mapping) \
-        and not dist_attr._is_partial()
-
-
-def _dims_mapping(placements, ndim):
-    """The dims mapping of ``placements`` (None when a placement is partial)."""
-    mapping = [-1] * ndim
-    for axis, placement in enumerate(placements):
-        if placement.is_partial():
-            return None
-        if placement.is_shard():
-            mapping[placement.get_dim()] = axis
-    return mapping
-
-
-def _reshard(original):
-    def reshard(tensor, dist_attr):
-        if tensor.is_dist() and _moves_between_meshes(tensor, dist_attr):
-            return _move_between_meshes(tensor, dist_attr)
-        if not tensor._is_initialized():
-            return tensor  # another rank's parameter: nothing to move here
-        return original(tensor, dist_attr)
-    return reshard
-
-
-def _move_between_meshes(tensor, dist_attr):
-    """Paddle's same-status reshard (p2p) crashes on CPU: broadcast the value from the first
-    rank of the source mesh over the gloo world group instead (every rank takes part, in the
-    engine's parameter order); ranks of the target mesh get it as a replicated dist tensor,
-    the others an empty tensor (the caller then drops the parameter there)."""
-    static = not paddle.in_dynamic_mode()  # the engine reshards parameters in static mode
-    if static:
-        paddle.disable_static()
-    try:
-        return _broadcast_to_mesh(tensor, dist_attr)
-    finally:
-        if static:
-            paddle.enable_static()
-
-
-def _broadcast_to_mesh(tensor, dist_attr):
-    """Position k of the source mesh sends its local piece to position k of the target mesh:
-    one broadcast over the world group per position, every rank taking part in each."""
-    from paddle.distributed.auto_parallel.api import dtensor_from_local
-
-    rank = paddle.distributed.get_rank()
-    src, dst = tensor.process_mesh.process_ids, dist_attr.process_mesh.process_ids
-    shape = _local_shape(tensor.shape, dist_attr)
-    mine = None
-    for root, receiver in zip(src, dst):
-        buf = tensor._local_value().clone() if rank == root else paddle.zeros(shape, tensor.dtype)
-        paddle.distributed.broadcast(buf, src=root)
-        if rank == receiver:
-            mine = buf
-    if mine is None:
-        return paddle.Tensor()
-    return dtensor_from_local(mine, dist_attr.process_mesh, tensor.placements)
-
-
-def _local_shape(shape, dist_attr):
-    """Each rank's piece of a tensor of global ``shape`` sharded by ``dist_attr`` (even split)."""
-    local = list(shape)
-    mesh_shape = dist_attr.process_mesh.shape
-    for dim, axis in enumerate(dist_attr.dims_mapping):
-        if axis >= 0:
-            local[dim] //= mesh_shape[axis]
-    return local
-
-
-def _barrier(original):
-    def barrier(x, out, *attrs):
-        ring = dict(zip(attrs[::2], attrs[1::2])).get("ring_id", 0)
-        if ring == 0:
-            paddle.distributed.barrier()
-            return out
-        return original(x, out, *attrs)
-    return barrier
-
-
-def _set_plan(original):
-    def _set_plan(executor, plan):
-        """Paddle's own pipeline plans carry NCCL-style send_v2 / recv_v2, whose CPU kernels
-        are stubs: they become gloo broadcasts (what pipesplit's CPU transport uses)."""
-        from paddle.distributed.auto_parallel.static.process_group import get_process_group
-        from pipesplit.ir_utils.p2p import drop_event_dependencies, p2p_to_gloo_broadcasts
-
-        rank = paddle.distributed.get_rank()
-        programs = [plan.ir_program(t) for t in plan.job_types()]
-        if sum(p2p_to_gloo_broadcasts(p, rank, lambda ring: get_process_group(ring).ranks)
-               for p in programs):
-            for p in programs:
-                drop_event_dependencies(p)
-        return original(executor, plan)
-    return _set_plan
-
-
-def _dist_model_init(original):
-    def __init__(self, *args, **kwargs):
-        """``DistModel`` calls ``fleet.init`` when the launcher set ``POD_NAME``; its dozen
-        hybrid gloo groups (which the engine does not use) fail now and then with
-        ``Connection refused`` with more than two CPU processes: skipped on CPU."""
-        import os
-
-        pod = os.environ.pop("POD_NAME", None)
-        try:
-            original(self, *args, **kwargs)
-        finally:
-            if pod is not None:
-                os.environ["POD_NAME"] = pod
-    return __init__
-
-
 def enable() -> bool:
     """Patch the engine's CPU gaps (idempotent).  Returns True if anything was patched (False
     on a CUDA / XPU build, where nothing is needed)."""
     if not needed():
         return False
-    if _originals:
-        return True
-    from paddle.distributed.auto_parallel.api import DistModel
-    from paddle.distributed.auto_parallel.static import process_group
-
-    core = paddle.base.core
-    legacy = paddle._legacy_C_ops
-    _originals["instantiate"] = process_group.ProcessGroup.instantiate
-    _originals["reshard"] = core.reshard
-    _originals["barrier"] = legacy.barrier
-    _originals["set_plan"] = paddle.base.executor.Executor._set_plan
-    process_group.ProcessGroup.instantiate = _instantiate_gloo
-    paddle.base.executor.Executor._set_plan = _set_plan(_originals["set_plan"])
-    core.reshard = _reshard(_originals["reshard"])
-    legacy.barrier = _barrier(_originals["barrier"])
-    _originals["dist_model"] = DistModel.__init__
-    DistModel.__init__ = _dist_model_init(_originals["dist_model"])
+    paddle_patches.enable(_GROUP)
     return True
 
 
 def disable() -> None:
     """Undo :func:`enable`."""
-    if not _originals:
-        return
-    from paddle.distributed.auto_parallel.api import DistModel
-    from paddle.distributed.auto_parallel.static import process_group
-
-    process_group.ProcessGroup.instantiate = _originals.pop("instantiate")
-    paddle.base.core.reshard = _originals.pop("reshard")
-    paddle._legacy_C_ops.barrier = _originals.pop("barrier")
-    paddle.base.executor.Executor._set_plan = _originals.pop("set_plan")
-    DistModel.__init__ = _originals.pop("dist_model")
+    paddle_patches.disable(_GROUP)
 
 
 def is_enabled() -> bool:
-    return bool(_originals)
+    return paddle_patches.is_enabled(_GROUP)

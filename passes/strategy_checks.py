@@ -12,7 +12,8 @@ words (strategy fields, processes, layer classes):
 * :func:`check_fields` - the field types and ranges (no silent ``int()`` truncation);
 * :func:`check_world` - ``pp_degree`` against the processes of the job;
 * :func:`check_model` - ``vpp_seg_method`` against the model's layer classes and block count;
-* :func:`check_engine_strategy` - the three, in that order.
+* :func:`check_engine_strategy` - the three, in that order;
+* :func:`check_no_gradient_merge` - no gradient merge of the user's on top of the pipeline's.
 
 The checks only read the strategy: they never set, convert or normalise a field.
 """
@@ -26,7 +27,8 @@ from ._paddle import require_supported_paddle
 
 paddle = require_supported_paddle()
 
-__all__ = ["INT_FIELDS", "check_engine_strategy", "check_fields", "check_model", "check_world"]
+__all__ = ["INT_FIELDS", "check_engine_strategy", "check_fields", "check_model",
+           "check_no_gradient_merge", "check_world"]
 
 _PREFIX = "strategy.pipeline."
 #: the int fields of ``strategy.pipeline`` pipesplit reads (each >= 1; Paddle's defaults are 1)
@@ -212,3 +214,20 @@ def check_engine_strategy(pipeline_strategy, model, world_size: int) -> None:
     check_fields(pipeline_strategy)
     check_world(pipeline_strategy, world_size)
     check_model(pipeline_strategy, model)
+
+
+def check_no_gradient_merge(strategy) -> None:
+    """The pipeline already accumulates ``accumulate_steps`` micro-batches per update (the
+    engine turns its gradient merge on for that itself); a user's merge on top would need two
+    nested accumulations, which Paddle 3.3.1's engine fails on.  ``strategy``: the whole
+    ``paddle.distributed.Strategy``."""
+    merge = getattr(strategy, "gradient_merge", None)
+    if merge is not None and merge.enable:
+        total = int(strategy.pipeline.accumulate_steps) * int(merge.k_steps)
+        raise ValueError(
+            f"strategy.gradient_merge.enable with strategy.pipeline.enable: a pipeline step "
+            f"already accumulates strategy.pipeline.accumulate_steps="
+            f"{strategy.pipeline.accumulate_steps} micro-batches before its one update; set "
+            f"strategy.pipeline.accumulate_steps={total} (accumulate_steps x "
+            f"gradient_merge.k_steps) with a batch that many micro-batches long, and "
+            f"strategy.gradient_merge.enable = False")

@@ -1,0 +1,236 @@
+"""What pipesplit's stand-ins for Paddle's engine functions do.  Each ``hook(original)``
+returns the function installed in place of Paddle's ``original``; which Paddle name each one
+replaces, and the replacing itself, is :mod:`pipesplit.passes.paddle_patches` (group
+``"engine"``, enabled by :func:`pipesplit.passes.strategy.enable_strategy`).  Why each name is
+wrapped: ``docs/engine.md``."""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+from pipesplit.ir_utils.p2p import backend_for, resolve_device
+from pipesplit.job_list.registry import get_spec
+
+from .block_placement import FED_MESHES, assign_placement
+from .core import PipelinePlan
+from .engine import build_engine_rank_plan, is_engine_program
+from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, restore_user_placements
+from .pipeline import split_and_schedule
+from .strategy_checks import check_engine_strategy, check_no_gradient_merge
+from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, config_from_strategy,
+                              pipe_from_strategy, record_pipe, requested_schedule)
+
+_last: Optional[PipelinePlan] = None
+#: the stage meshes while Paddle's chunk completion runs (see :func:`stage_by_mesh`)
+_completing_meshes: Optional[list] = None
+_PLANS = "_pipesplit_plans"
+_SHARDED_LOADER = "_pipesplit_sharded_loader"
+_MODE_STATE = "_pipesplit_mode_state"
+#: what the engine keeps ONE copy of for all modes (a prediction's specs have no labels, its
+#: fetched value another name)
+_SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inputs", "_labels",
+                    "_orig_main_prog", "_orig_startup_prog", "_loss_names", "_losses")
+
+
+def _single(x, what):
+    if isinstance(x, (list, tuple)):
+        if len(x) != 1:
+            raise ValueError(f"{what}: expected one program, got {len(x)}")
+        return x[0]
+    return x
+
+
+def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
+    """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``.
+
+    The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
+    :func:`pipesplit.passes.engine.build_engine_rank_plan`; a whole-model program (chunk id =
+    global stage) to :func:`pipesplit.passes.pipeline.split_and_schedule`."""
+    global _last
+    main = _single(dense_main_program, "dense_main_program")
+    _single(dense_startup_program, "dense_startup_program")
+    engine_program = is_engine_program(main)
+    if engine_program and getattr(pipeline_strategy, REQUESTED_ATTR, None) is None:
+        raise ValueError(
+            "this engine was built before pipesplit.passes.strategy.enable_strategy() was "
+            "called: call enable_strategy() (and cpu_support.enable() on a CPU build) before "
+            "dist.to_static, so the engine's strategy is checked and its stage meshes seen")
+    config = config_from_strategy(pipeline_strategy)
+    if engine_program:
+        if config.pp_stage is None:
+            raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
+        _last = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
+                                       pipe_from_strategy(pipeline_strategy))
+    else:
+        _last = split_and_schedule(main, _single(dense_startup_program, ""), config)
+    return _last.plan
+
+
+def last_pipeline() -> Optional[PipelinePlan]:
+    """The :class:`PipelinePlan` of the last call through the hook (for ``init_scope``)."""
+    return _last
+
+
+def engine_init(original):
+    """``Engine.__init__``: check the pipeline strategy, keep the user's schedule name beside
+    the engine's copy and show the engine ``"VPP"``, so its chunk completion, chunk check and
+    loss fetch (``forward{vpp-1}``) serve every pipesplit schedule.  The user's own strategy
+    object is not touched (``DistModel`` hands the engine a deep copy)."""
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.__dict__[USER_PLACEMENTS] = placements_of(self._model)
+        pipeline = self._strategy.pipeline
+        if pipeline.enable and getattr(pipeline, REQUESTED_ATTR, None) is None:
+            import paddle.distributed as dist
+
+            check_engine_strategy(pipeline, self._model, dist.get_world_size())
+            check_no_gradient_merge(self._strategy)
+            check_strategy(pipeline)
+            setattr(pipeline, REQUESTED_ATTR, str(pipeline.schedule_mode))
+            pipeline.schedule_mode = ENGINE_MODE
+    return __init__
+
+
+def note_a_sharded_loader(original):
+    """``Engine._prepare_data_spec_from_dataloader``: called for a ``dist.shard_dataloader``
+    only, whose feeds reach only the meshes it names (a plain loader feeds every rank)."""
+    def _prepare_data_spec_from_dataloader(self, *args, **kwargs):
+        self.__dict__[_SHARDED_LOADER] = True
+        return original(self, *args, **kwargs)
+    return _prepare_data_spec_from_dataloader
+
+
+def keep_plan_per_mode(original):
+    """``Engine._prepare_program(mode)``: the engine keeps ONE pipeline plan (the last mode
+    prepared) and hands its executor a plan only when it initialises the parameters, so
+    ``eval()`` after ``train()`` ran the training plan with the evaluation program's fetch.
+    Each mode's plan is kept here (see :func:`switch_to_the_mode_plan`)."""
+    def _prepare_program(self, mode, *args, **kwargs):
+        if self.__dict__.get(_PLANS):  # another mode ran first: trace this one as written
+            restore_user_placements(self)
+        specs = _as_list(self._inputs_spec) + _as_list(self._labels_spec)
+        setattr(self._strategy.pipeline, FED_MESHES,  # a shard_dataloader's feeds and meshes
+                {spec.name: spec.mesh for spec in specs if getattr(spec, "mesh", None)}
+                if self.__dict__.get(_SHARDED_LOADER) else {})
+        result = original(self, mode, *args, **kwargs)
+        if self._job_plan is not None and self._strategy.pipeline.enable:
+            self.__dict__.setdefault(_PLANS, {})[mode] = self._job_plan
+            self.__dict__.setdefault(_MODE_STATE, {})[mode] = {
+                key: getattr(self, key) for key in _SHARED_BY_MODES}
+        return result
+    return _prepare_program
+
+
+def whole_batch_spec(original):
+    """``Engine.prepare`` for ``DistModel.predict()``: it hands the engine the inputs spec the
+    engine already cut to micro-batches for training, which would be cut again (``Requires
+    batch_size[2] to be divisible by k_steps[4]``): given back whole."""
+    def prepare(self, inputs_spec=None, *args, mode=None, **kwargs):
+        steps = getattr(self, "_acc_steps", 1)
+        if mode == "predict" and steps > 1 and inputs_spec is not None \
+                and self._strategy.pipeline.enable and _same_specs(inputs_spec, self._inputs_spec):
+            inputs_spec = copy.deepcopy(inputs_spec)
+            for spec in inputs_spec if isinstance(inputs_spec, (list, tuple)) else [inputs_spec]:
+                spec.shape = [spec.shape[0] * steps] + list(spec.shape[1:])
+        outside = self._outside_dataloader
+        result = original(self, inputs_spec, *args, mode=mode, **kwargs)
+        if mode == "predict" and self._in_pir_mode and self._strategy.pipeline.enable:
+            # a spec (not a loader) marks the data "outside", which sends every later run to
+            # the legacy reader set-up, absent in PIR mode (KeyError 'predict')
+            self._outside_dataloader = outside
+            self.__dict__.setdefault(_MODE_STATE, {})["predict"]["_outside_dataloader"] = outside
+        return result
+    return prepare
+
+
+def _as_list(specs) -> list:
+    if specs is None:
+        return []
+    return list(specs) if isinstance(specs, (list, tuple)) else [specs]
+
+
+def _same_specs(a, b) -> bool:
+    a, b = _as_list(a), _as_list(b)
+    return len(a) == len(b) and all(x.name == y.name and list(x.shape) == list(y.shape)
+                                    for x, y in zip(a, b))
+
+
+def name_the_prediction(original):
+    """``Engine._build("predict")``: in PIR mode the engine fetches its "loss" by a name the
+    traced program gives it, which a prediction program (no loss) lacks (``IndexError`` in
+    ``Engine.run``): the model's first output gets a name and is fetched instead, as
+    ``DistModel.predict()`` documents (the outputs of the model)."""
+    def _build(self, mode):
+        result = original(self, mode)
+        if mode == "predict" and self._in_pir_mode and self._strategy.pipeline.enable \
+                and not self._loss_names and self.program_helper.output_vars:
+            self._loss_names = [name_an_output(self.program_helper.main_program,
+                                               self.program_helper.output_vars[0])]
+        return result
+    return _build
+
+
+def switch_to_the_mode_plan(original):
+    """``Engine.to_mode`` (``DistModel.train()`` / ``eval()`` / ``predict()``): the executor, the
+    loss fetch and the feed names use the plan and the data specs of the mode that runs,
+    whichever mode was prepared last."""
+    def to_mode(self, mode):
+        original(self, mode)
+        for key, value in self.__dict__.get(_MODE_STATE, {}).get(mode, {}).items():
+            setattr(self, key, value)
+        plan = self.__dict__.get(_PLANS, {}).get(mode)
+        if plan is not None:
+            self._job_plan = plan
+            if self._executor is not None and self._executor.plan is not plan:
+                self._executor._set_plan(plan)
+    return to_mode
+
+
+def complete_chunk_id(original):
+    """Paddle's chunk completion, asked with ``schedule_mode="VPP"``; nothing to do for one
+    chunk per rank.  Blocks on stage meshes in model order are first given the meshes of the
+    schedule's placement (:func:`assign_placement`, looped or V); meshes that already follow
+    it (:func:`pipesplit.passes.engine.block_meshes`) are kept.  Paddle's completion then sets
+    chunk = stage // pp, told each mesh's pipeline stage by its place among the stage meshes
+    (:func:`stage_by_mesh`)."""
+    def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
+        global _completing_meshes
+        if not pipeline_strategy.enable:
+            return None
+        record_pipe(dist_program, pipeline_strategy)
+        if int(pipeline_strategy.vpp_degree) < 2:
+            return None
+        from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
+
+        meshes = get_sub_process_mesh_by_program(dist_program)
+        assign_placement(dist_program, pipeline_strategy,
+                         get_spec(requested_schedule(pipeline_strategy)).placement)
+        _completing_meshes = meshes
+        try:
+            return original(dist_program, startup_program, pipeline_strategy)
+        finally:
+            _completing_meshes = None
+    return complete_chunk_id
+
+
+def stage_by_mesh(original):
+    """``pir_pass.get_pp_stage_by_process_mesh(mesh, pp)``: while :func:`complete_chunk_id`
+    runs, a mesh's stage is its index among the stage meshes; Paddle's own rule,
+    rank // (world / pp), holds only when pp is the outermost mesh axis."""
+    def get_pp_stage_by_process_mesh(mesh, pp):
+        if _completing_meshes is None:
+            return original(mesh, pp)
+        return _completing_meshes.index(mesh) if mesh in _completing_meshes else None
+    return get_pp_stage_by_process_mesh
+
+
+def check_chunk_id(original):
+    """Paddle's chunk check needs chunk ids, which the engine sets only for vpp > 1; with one
+    chunk per rank (no op has a chunk id) pipesplit gives every op chunk 0 itself
+    (:func:`pipesplit.passes.engine.localize_chunks`)."""
+    def check_chunk_id(dist_program):
+        if not any(op.dist_attr is not None and op.dist_attr.chunk_id >= 0
+                   for op in dist_program.global_block().ops):
+            return None
+        return original(dist_program)
+    return check_chunk_id

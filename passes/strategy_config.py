@@ -1,0 +1,104 @@
+"""Paddle's ``Strategy().pipeline`` in pipesplit's terms: the :class:`PipelineConfig` it asks
+for, the schedule the user named, and this process's pipeline (:class:`Pipe`) from the engine's
+stage meshes.  Only translation: nothing here replaces a Paddle name."""
+from __future__ import annotations
+
+from typing import Optional
+
+from pipesplit.job_list.pipe import Pipe, pipe_of
+
+from .config import PipelineConfig
+
+#: the name the engine's own tests of ``schedule_mode == "VPP"`` (chunk completion, its chunk
+#: check, the loss fetch from ``forward{vpp-1}``) must see while pipesplit serves the pipeline
+ENGINE_MODE = "VPP"
+#: where the engine's copy of ``strategy.pipeline`` keeps the schedule the user asked for
+REQUESTED_ATTR = "_pipesplit_schedule"
+_PIPE = "_pipesplit_pipe"
+_FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
+
+
+def record_pipe(dist_program, pipeline_strategy) -> Pipe:
+    """This process's pipeline (:class:`~pipesplit.job_list.pipe.Pipe`) from the stage meshes of
+    the engine's whole distributed program, kept beside the engine's strategy for its pipeline
+    pass: stage meshes may have any shape (dp, mp, ... axes), and a peer is the process of the
+    neighbouring stage at the same coordinate, never process +- 1."""
+    import paddle.distributed as dist
+    from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
+
+    meshes = get_sub_process_mesh_by_program(dist_program)
+    pp = int(pipeline_strategy.pp_degree)
+    if len(meshes) != pp:
+        raise ValueError(
+            f"strategy.pipeline.pp_degree is {pp}, but the model's layers are placed on "
+            f"{len(meshes)} stage mesh(es): " + ", ".join(
+                f"{list(m.process_ids)} {list(m.dim_names)}" for m in meshes)
+            + "; set pp_degree to the number of pipeline stage meshes")
+    pipe = pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
+    setattr(pipeline_strategy, _PIPE, pipe)
+    return pipe
+
+
+def pipe_from_strategy(pipeline_strategy) -> Pipe:
+    """The pipeline :func:`record_pipe` found when the engine completed the program."""
+    import paddle.distributed as dist
+
+    pipe = getattr(pipeline_strategy, _PIPE, None)
+    if pipe is not None:
+        return pipe
+    pp = int(pipeline_strategy.pp_degree)
+    if dist.get_world_size() == pp:  # one process per stage
+        return Pipe.single_process_per_stage(pp)
+    raise ValueError("pipesplit did not see the engine's stage meshes (call "
+                     "pipesplit.passes.strategy.enable_strategy() before dist.to_static)")
+
+
+def _pp_stage(pipeline_strategy) -> Optional[int]:
+    import paddle.distributed as dist
+
+    pp = int(pipeline_strategy.pp_degree)
+    if pp <= 1 or dist.get_world_size() <= 1:
+        return None  # one process: emulate every rank
+    if getattr(pipeline_strategy, _PIPE, None) is None:
+        # a whole-model program outside the engine: Paddle's rule (pp the outermost mesh axis)
+        from paddle.distributed.auto_parallel.static.utils import get_pp_stage_by_pp_degree
+        return get_pp_stage_by_pp_degree(pp)
+    return pipe_from_strategy(pipeline_strategy).rank_of(dist.get_rank())
+
+
+def requested_schedule(pipeline_strategy) -> str:
+    """The schedule the user asked for (the engine sees ``"VPP"`` while pipesplit serves)."""
+    return str(getattr(pipeline_strategy, REQUESTED_ATTR, None) or pipeline_strategy.schedule_mode)
+
+
+def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
+    """The :class:`PipelineConfig` for Paddle's ``Strategy().pipeline`` section."""
+    pp = int(pipeline_strategy.pp_degree)
+    attrs = dict(num_micro_batches=int(pipeline_strategy.accumulate_steps),
+                 pp_degree=pp, vpp_degree=int(pipeline_strategy.vpp_degree),
+                 split_backward=bool(pipeline_strategy.split_backward),
+                 pp_stage=_pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage)
+    try:
+        return PipelineConfig.from_attrs(requested_schedule(pipeline_strategy), attrs)
+    except ValueError as e:
+        raise ValueError(f"strategy.pipeline: {e}".replace("pass attr ", "")
+                         .replace("num_micro_batches", "accumulate_steps (num_micro_batches)")
+                         ) from None
+
+
+def check_strategy(pipeline_strategy) -> PipelineConfig:
+    """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything:
+    an unknown schedule name, or pp / vpp / micro-batches the schedule cannot serve
+    (``ValueError`` naming the strategy field and the constraint)."""
+    from .core import make_schedule
+
+    config = config_from_strategy(pipeline_strategy, pp_stage=None)
+    try:
+        make_schedule(config)
+    except ValueError as e:
+        msg = str(e)
+        for field in ("vpp", "pp", "m"):
+            msg = msg.replace(f"{field} must", f"strategy.pipeline.{_FIELD[field]} must", 1)
+        raise ValueError(f"strategy.pipeline.schedule_mode={config.schedule!r} cannot serve "
+                         f"this strategy: {msg}") from None
+    return config
