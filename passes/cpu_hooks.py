@@ -13,6 +13,12 @@ paddle = require_supported_paddle()
 _gloo_rings: set = set()
 
 
+def needed() -> bool:
+    """True on a build without CUDA and XPU, where the engine cannot start a pipeline."""
+    core = paddle.base.core
+    return not (core.is_compiled_with_cuda() or core.is_compiled_with_xpu())
+
+
 def instantiate_gloo(group) -> None:
     """``ProcessGroup.instantiate`` for a CPU build: a gloo comm context for the group's ring."""
     from paddle.distributed.auto_parallel.static.process_group import _get_global_env

@@ -26,25 +26,23 @@ serve more (the world ring, :mod:`pipesplit.passes.hybrid`).
 The hook bodies are :mod:`pipesplit.passes.cpu_hooks`; the names are replaced (and given
 back by :func:`disable`) only by :mod:`pipesplit.passes.paddle_patches`, group ``"cpu"``.
 
-Order: call :func:`enable` before ``dist.to_static``.  The engine prepares its programs,
-communicators and parameters lazily (the first ``train()`` / ``eval()`` / step), so an
-:func:`enable` after ``to_static`` but before that still covers them (only the ``fleet.init``
-skip comes too late: that ``DistModel`` has run it, which two CPU processes survive).
+Order: call :func:`enable` before ``dist.to_static``.  Under the launcher ``DistModel`` runs
+``fleet.init`` at once, so with ``enable_strategy()`` on and this off, ``to_static`` is refused
+(``RuntimeError`` saying so) rather than left to fail in gloo.  Without the launcher an
+:func:`enable` after ``to_static`` is still in time: the engine prepares its programs,
+communicators and parameters at the first ``train()`` / step.
 """
 from __future__ import annotations
 
 from ._paddle import require_supported_paddle
+from .cpu_hooks import needed
 from . import paddle_patches
 
-paddle = require_supported_paddle()
+require_supported_paddle()
+
+__all__ = ["disable", "enable", "is_enabled", "needed"]
 
 _GROUP = "cpu"
-
-
-def needed() -> bool:
-    """True on a build without CUDA and XPU, where the engine cannot start a pipeline."""
-    core = paddle.base.core
-    return not (core.is_compiled_with_cuda() or core.is_compiled_with_xpu())
 
 
 def enable() -> bool:

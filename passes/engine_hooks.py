@@ -6,12 +6,14 @@ wrapped: ``docs/engine.md``."""
 from __future__ import annotations
 
 import copy
+import os
 from typing import Optional
 
 from pipesplit.ir_utils.p2p import backend_for, resolve_device
 from pipesplit.job_list.registry import get_spec
 
 from .block_placement import FED_MESHES, assign_placement
+from .cpu_hooks import needed as cpu_support_needed
 from .core import PipelinePlan
 from .engine import build_engine_rank_plan, is_engine_program
 from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, restore_user_placements
@@ -88,6 +90,20 @@ def engine_init(original):
             check_strategy(pipeline)
             setattr(pipeline, REQUESTED_ATTR, str(pipeline.schedule_mode))
             pipeline.schedule_mode = ENGINE_MODE
+    return __init__
+
+
+def cpu_support_first(original):
+    """``DistModel.__init__``: under the launcher (``POD_NAME``) it runs ``fleet.init``, whose
+    gloo groups fail on a CPU build (``Connection refused``) unless ``cpu_support`` skips it.
+    The cpu group's wrapper of this name is outside this one and takes ``POD_NAME`` away, so
+    ``POD_NAME`` seen here on a CPU build means ``cpu_support.enable()`` came too late."""
+    def __init__(self, *args, **kwargs):
+        if os.getenv("POD_NAME") and cpu_support_needed():
+            raise RuntimeError(
+                "on a CPU build of Paddle call pipesplit.passes.cpu_support.enable() before "
+                "dist.to_static (DistModel's fleet.init fails on CPU without it)")
+        original(self, *args, **kwargs)
     return __init__
 
 

@@ -164,6 +164,7 @@ def _has(owner: str, name: str) -> bool:
         return False
 
 
+_DIST_MODEL = "paddle.distributed.auto_parallel.api.DistModel"
 _PROCESS_GROUP = "paddle.distributed.auto_parallel.static.process_group.ProcessGroup"
 
 PATCHES = (
@@ -180,13 +181,15 @@ PATCHES = (
     Patch(f"{_ENGINE}.Engine", "_build", engine_hooks.name_the_prediction, "engine"),
     Patch(f"{_ENGINE}.Engine", "_prepare_data_spec_from_dataloader",
           engine_hooks.note_a_sharded_loader, "engine"),
+    # inside the cpu group's wrapper of the same name (the earlier patch in this table is
+    # the inner one), so it sees whether cpu_support skips DistModel's fleet.init
+    Patch(_DIST_MODEL, "__init__", engine_hooks.cpu_support_first, "engine"),
     # a CPU build's gaps in the engine
     Patch(_PROCESS_GROUP, "instantiate", _replace_with(cpu_hooks.instantiate_gloo), "cpu"),
     Patch("paddle.base.core", "reshard", cpu_hooks.reshard, "cpu"),
     Patch("paddle._legacy_C_ops", "barrier", cpu_hooks.barrier, "cpu"),
     Patch("paddle.base.executor.Executor", "_set_plan", cpu_hooks.set_plan, "cpu"),
-    Patch("paddle.distributed.auto_parallel.api.DistModel", "__init__",
-          cpu_hooks.dist_model_init, "cpu"),
+    Patch(_DIST_MODEL, "__init__", cpu_hooks.dist_model_init, "cpu"),
 )
 
 DOOR = PatchDoor(PATCHES)

@@ -40,6 +40,7 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
     "gradient_merge": (lambda strategy, args: (setattr(strategy.gradient_merge, "enable", True),
                                                setattr(strategy.gradient_merge, "k_steps", 2)),
                        ["--schedule", "ZBH1"], "model"),
+    "cpu_support_after_to_static": (None, ["--schedule", "ZBV"], "cpu_late"),
 }
 
 
@@ -51,6 +52,8 @@ def run_case(change, argv, layout) -> str:
                   for i in range(args.layers)]
     if layout == "late":
         pipesplit_strategy.disable_strategy()
+    if layout == "cpu_late":
+        cpu_support.disable()
     model = example.build(args, block_mesh)
     opt = example.make_optimizer(args, model.parameters())
     strategy = example.make_strategy(args)
@@ -62,6 +65,8 @@ def run_case(change, argv, layout) -> str:
         dist_model = dist.to_static(model, loader, example.lm_loss, opt, strategy)
         if layout == "late":
             pipesplit_strategy.enable_strategy()
+        if layout == "cpu_late":
+            cpu_support.enable()
         dist_model.train()
         for x, y in loader():
             dist_model(x, y)
@@ -70,6 +75,7 @@ def run_case(change, argv, layout) -> str:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         pipesplit_strategy.enable_strategy()
+        cpu_support.enable()
         paddle.disable_static()  # a failed to_static may leave the static mode on
 
 

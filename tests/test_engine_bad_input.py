@@ -29,6 +29,8 @@ EXPECTED = {
                       "a pipeline step already accumulates "
                       "strategy.pipeline.accumulate_steps=4 micro-batches before its one update; "
                       "set strategy.pipeline.accumulate_steps=8",
+    "cpu_support_after_to_static": "RuntimeError: on a CPU build of Paddle call "
+                                   "pipesplit.passes.cpu_support.enable() before dist.to_static",
     "one_mesh_zbv": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                     "placed on 1 stage mesh(es): [0] ['pp']",
 }

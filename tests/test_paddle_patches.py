@@ -45,7 +45,9 @@ def test_both_groups_together_then_apart():
     paddle_patches.enable("engine")
     paddle_patches.enable("cpu")
     paddle_patches.disable("engine")
-    assert all(now is before[key] for key, now in _current("engine").items())
+    shared = _current("engine").keys() & _current("cpu").keys()  # DistModel.__init__
+    assert shared and all((now is before[key]) == (key not in shared)
+                          for key, now in _current("engine").items())
     paddle_patches.disable("cpu")
     assert {**_current("engine"), **_current("cpu")} == before
 
@@ -141,3 +143,15 @@ def test_an_inherited_name_is_inherited_again():
     assert Heir().shared() == ["paddle", "cpu"] and Owner().shared() == ["paddle"]
     door.disable("cpu")
     assert "shared" not in vars(Heir) and Heir.shared is Owner.shared
+
+
+@pytest.mark.skipif(not cpu_support.needed(), reason="a GPU build needs no cpu_support")
+def test_to_static_before_cpu_support_under_the_launcher_is_refused(monkeypatch):
+    from paddle.distributed.auto_parallel.api import DistModel
+
+    monkeypatch.setenv("POD_NAME", "launched")
+    ps_strategy.enable_strategy()
+    with pytest.raises(RuntimeError, match=re.escape("call pipesplit.passes.cpu_support.enable() "
+                                                     "before dist.to_static")):
+        DistModel(None, None)  # refused before Paddle's own __init__ reads anything
+    ps_strategy.disable_strategy()
