@@ -11,9 +11,10 @@ group it belongs to:
 
 :func:`enable` checks first that every name of the group exists in this Paddle (a
 :class:`PaddleMismatchError` naming each missing one), then patches all of them.  A name that
-several enabled groups wrap is installed ONCE, as Paddle's function wrapped by each group's
-factory in table order, whatever order the groups were enabled in; :func:`disable` composes
-again from Paddle's function, which comes back (the same object) when no group wraps it.
+several enabled groups wrap (``DistModel.__init__``) is installed ONCE, as Paddle's function
+wrapped by each group's factory in table order (an earlier patch is the inner one), whatever
+order the groups were enabled in; :func:`disable` composes again from Paddle's function, which
+comes back (the same object) when no group wraps it.  :func:`list_patches` lists them all.
 """
 from __future__ import annotations
 
