@@ -17,6 +17,7 @@ from .cpu_hooks import needed as cpu_support_needed
 from .core import PipelinePlan
 from .engine import build_engine_rank_plan, is_engine_program
 from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, restore_user_placements
+from .loader_checks import check_loader
 from .pipeline import split_and_schedule
 from .strategy_checks import check_engine_strategy, check_no_gradient_merge
 from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, config_from_strategy,
@@ -104,6 +105,20 @@ def cpu_support_first(original):
                 "on a CPU build of Paddle call pipesplit.passes.cpu_support.enable() before "
                 "dist.to_static (DistModel's fleet.init fails on CPU without it)")
         original(self, *args, **kwargs)
+    return __init__
+
+
+def check_the_loader(original):
+    """``DistModel.__init__``: the loader is checked (:mod:`pipesplit.passes.loader_checks`)
+    before the engine draws from it, on every rank alike; a strategy field of the wrong type
+    is left to the strategy check, which names it."""
+    def __init__(self, layer, loader, *args, **kwargs):
+        strategy = kwargs.get("strategy", args[2] if len(args) > 2 else None)
+        pipeline = getattr(strategy, "pipeline", None)
+        steps = getattr(pipeline, "accumulate_steps", None)
+        if getattr(pipeline, "enable", False) and type(steps) is int and steps > 0:
+            check_loader(loader, steps)
+        original(self, layer, loader, *args, **kwargs)
     return __init__
 
 

@@ -185,6 +185,7 @@ PATCHES = (
     # inside the cpu group's wrapper of the same name (the earlier patch in this table is
     # the inner one), so it sees whether cpu_support skips DistModel's fleet.init
     Patch(_DIST_MODEL, "__init__", engine_hooks.cpu_support_first, "engine"),
+    Patch(_DIST_MODEL, "__init__", engine_hooks.check_the_loader, "engine"),
     # a CPU build's gaps in the engine
     Patch(_PROCESS_GROUP, "instantiate", _replace_with(cpu_hooks.instantiate_gloo), "cpu"),
     Patch("paddle.base.core", "reshard", cpu_hooks.reshard, "cpu"),

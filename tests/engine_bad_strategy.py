@@ -2,9 +2,9 @@
 
 Each case builds ``examples/auto_parallel_pipeline.py``'s model, spoils one thing (a strategy
 field of the wrong type, more stages than processes, a block class the model lacks, the order
-of the set-up calls, every layer on one mesh) and goes as far as one training step.  Every rank
-records the first line of what it raised (``"Type: message"``) or ``"trained"``; rank 0 writes
-``{case: {rank: line}}``.  Each case must fail the same way on every rank before any
+of the set-up calls, every layer on one mesh, a loader the pipeline cannot split) and goes as
+far as one training step.  Every rank records the first line of what it raised
+(``"Type: message"``) or ``"trained"``; rank 0 writes ``{case: {rank: line}}``.  Each case must fail the same way on every rank before any
 collective, or the ranks would fall out of step.
 """
 import json
@@ -27,6 +27,10 @@ def _field(name, value):
     return spoil
 
 
+#: samples in the dataset, by layout (default: one full batch)
+SAMPLES = {"empty_loader": lambda args: 0,
+           "short_last_batch": lambda args: args.batch + args.batch // 2}
+
 CASES = {  # case -> (strategy change, example arguments, model layout)
     "vpp_float": (_field("vpp_degree", 2.5), ["--schedule", "ZBV"], "model"),
     "vpp_str": (_field("vpp_degree", "2"), ["--schedule", "ZBV"], "model"),
@@ -41,6 +45,8 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
                                                setattr(strategy.gradient_merge, "k_steps", 2)),
                        ["--schedule", "ZBH1"], "model"),
     "cpu_support_after_to_static": (None, ["--schedule", "ZBV"], "cpu_late"),
+    "empty_loader": (None, ["--schedule", "ZBV"], "empty_loader"),
+    "short_last_batch": (None, ["--schedule", "1F1B"], "short_last_batch"),
 }
 
 
@@ -59,7 +65,8 @@ def run_case(change, argv, layout) -> str:
     strategy = example.make_strategy(args)
     if change is not None:
         change(strategy, args)
-    data = example.TokenData(args.batch, args.seq, args.vocab, args.seed)
+    samples = SAMPLES.get(layout, lambda args: args.batch)(args)
+    data = example.TokenData(samples, args.seq, args.vocab, args.seed)
     loader = paddle.io.DataLoader(data, batch_size=args.batch, shuffle=False)
     try:
         dist_model = dist.to_static(model, loader, example.lm_loss, opt, strategy)

@@ -31,6 +31,9 @@ EXPECTED = {
                       "set strategy.pipeline.accumulate_steps=8",
     "cpu_support_after_to_static": "RuntimeError: on a CPU build of Paddle call "
                                    "pipesplit.passes.cpu_support.enable() before dist.to_static",
+    "empty_loader": "ValueError: the DataLoader given to dist.to_static yields no batch",
+    "short_last_batch": "ValueError: the DataLoader's last batch has 4 samples and the others "
+                        "batch_size=8",
     "one_mesh_zbv": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                     "placed on 1 stage mesh(es): [0] ['pp']",
 }
