@@ -39,6 +39,8 @@ class PipelinePlan:
     plan: object                # paddle core.Plan
     backward_split: Optional[SplitReport] = None
     rank_info: Optional[object] = None  # per-rank plans: pipesplit.passes.per_rank.RankInfo
+    # the engine path: this rank's comm jobs (pipesplit.ir_utils.comm_progress.CommProgress)
+    comm_progress: Optional[object] = None
 
     def simulate(self, costs=None) -> SimResult:
         return simulate(self.schedule, costs or self.config.costs)

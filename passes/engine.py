@@ -42,6 +42,7 @@ paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
+from pipesplit.ir_utils.comm_progress import CommProgress  # noqa: E402
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
 from pipesplit.ir_utils.p2p import (Transfer, add_event_dependency, build_comm_program,  # noqa: E402
                                     first_user, p2p_to_gloo_broadcasts, producer_of)
@@ -272,7 +273,8 @@ def _needs_lockstep(programs, config: PipelineConfig) -> bool:
 def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backend):
     """One process per stage (CPU: broadcasts on ring 0, every rank joining every transfer
     beyond two ranks) or NCCL (the engine's rings): comm programs into ``programs``; returns
-    the job order without the optimizer."""
+    the job order without the optimizer and its comm jobs (on CPU each bumps the progress
+    counter, so a failed step names the job it was in)."""
     rank = config.pp_stage
     process = pipe.process_of(rank)
     optimizer = programs.get(OPTIMIZER)
@@ -283,10 +285,11 @@ def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backen
     for chunk in range(config.vpp_degree):
         for kind in COMM_KINDS:
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
-            programs[job_type(kind, chunk)], comm_ops = build_comm_program(sel, process, backend)
+            programs[job_type(kind, chunk)], comm_ops = build_comm_program(
+                sel, process, backend, progress=backend == "gloo" and bool(sel))
             if backend == "nccl":
                 add_stream_events(compute, sel, comm_ops, sending=kind.startswith("send"))
-    job_order = []
+    job_order, own_comm = [], []
     for job in lowered.ranks[rank]:
         if job.kind == OPTIMIZER:
             continue
@@ -297,14 +300,20 @@ def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backen
             if peers != {expected}:
                 raise AssertionError(f"{job.type}: program peers {peers} != lowering's "
                                      f"{expected}")
+            own_comm.append((job.type, job.micro_batch, peer_of(schedule, rank, job)))
         job_order.append((job.type, job.micro_batch))
     if backend == "gloo" and config.pp_degree > 2:  # every rank takes part in every transfer
-        own_comm = [(t, mb, peer_of(schedule, rank, job)) for job, (t, mb) in
-                    zip(lowered.ranks[rank], job_order) if job.is_comm]
-        job_order, _, _ = world_ring_order(schedule, config, rank,
-                                           world_transfers(found, schedule, rank),
-                                           job_order, own_comm, programs, progress=False)
-    return job_order
+        job_order, own_comm, bystanders = world_ring_order(
+            schedule, config, rank, world_transfers(found, schedule, rank), job_order,
+            own_comm, programs, progress=True)
+    else:
+        bystanders = {}
+    if backend != "gloo":  # (NCCL comm programs count no progress)
+        return job_order, CommProgress()
+    process_of = pipe.process_of  # the report names processes, as the user's launcher does
+    return job_order, CommProgress(
+        [(t, mb, None if peer is None else process_of(peer)) for t, mb, peer in own_comm],
+        {t: (process_of(a), process_of(b)) for t, (a, b) in bystanders.items()})
 
 
 def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
@@ -336,12 +345,14 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
         clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
     if backend == "gloo" and _needs_lockstep(programs, config):
         job_order = hybrid_world_ring(programs, found, lowered, config, pipe)
+        progress = CommProgress()  # (its lockstep jobs count no progress)
     else:
-        job_order = _pipeline_transport(programs, found, schedule, lowered, config, pipe,
-                                        backend)
+        job_order, progress = _pipeline_transport(programs, found, schedule, lowered, config,
+                                                  pipe, backend)
     if OPTIMIZER in programs:
         job_order.append((OPTIMIZER, 0))
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     plan = make_plan(job_order, used, config.num_micro_batches)
     split.programs = programs
-    return PipelinePlan(config, schedule, lowered, job_order, split, plan, report)
+    return PipelinePlan(config, schedule, lowered, job_order, split, plan, report,
+                        comm_progress=progress)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from typing import Optional
 
+from pipesplit.ir_utils.comm_progress import failure_reason
 from pipesplit.ir_utils.p2p import backend_for, resolve_device
 from pipesplit.job_list.registry import get_spec
 
@@ -29,6 +31,8 @@ _completing_meshes: Optional[list] = None
 _PLANS = "_pipesplit_plans"
 _SHARDED_LOADER = "_pipesplit_sharded_loader"
 _MODE_STATE = "_pipesplit_mode_state"
+_PROGRESS = "_pipesplit_comm_progress"
+_STEPS = "_pipesplit_steps"
 #: what the engine keeps ONE copy of for all modes (a prediction's specs have no labels, its
 #: fetched value another name)
 _SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inputs", "_labels",
@@ -146,10 +150,37 @@ def keep_plan_per_mode(original):
         result = original(self, mode, *args, **kwargs)
         if self._job_plan is not None and self._strategy.pipeline.enable:
             self.__dict__.setdefault(_PLANS, {})[mode] = self._job_plan
+            self.__dict__.setdefault(_PROGRESS, {})[mode] = getattr(_last, "comm_progress", None)
             self.__dict__.setdefault(_MODE_STATE, {})[mode] = {
                 key: getattr(self, key) for key in _SHARED_BY_MODES}
         return result
     return _prepare_program
+
+
+def name_a_failed_step(original):
+    """``Engine.run``: a step that fails (a peer's process ended, a gloo timeout) says which
+    process, which step of which mode, and which comm job, micro-batch and peer it was in,
+    as pipesplit's own multi-rank runner does; Paddle says only ``std::exception``."""
+    def run(self, *args, **kwargs):
+        mode = kwargs.get("mode") or self._mode
+        progress = self.__dict__.get(_PROGRESS, {}).get(mode)
+        if progress is None:
+            return original(self, *args, **kwargs)
+        import paddle
+
+        scope = paddle.static.global_scope()
+        steps = self.__dict__.setdefault(_STEPS, {})
+        step = steps[mode] = steps.get(mode, -1) + 1
+        progress.start_step(scope, self._place)
+        started = time.monotonic()
+        try:
+            return original(self, *args, **kwargs)
+        except Exception as exc:
+            raise RuntimeError(
+                f"pipesplit: rank {paddle.distributed.get_rank()} failed in {mode} step {step} "
+                f"after {time.monotonic() - started:.1f} s, waiting in {progress.where(scope)}: "
+                f"{failure_reason(exc)}") from exc
+    return run
 
 
 def whole_batch_spec(original):

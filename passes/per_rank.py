@@ -39,6 +39,7 @@ from .core import PipelinePlan, open_schedule, split_sub_programs
 paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
+from pipesplit.ir_utils.comm_progress import CommProgress  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.ir_utils.p2p import (Transfer, add_event_dependency, all_reduce_sum,  # noqa: E402
                                     backend_for, build_comm_program, first_user, producer_of,
@@ -76,17 +77,10 @@ class RankInfo:
     num_all_reduces: int = 0
     reduce_ring_id: Optional[int] = None
 
-    def describe_comm(self, index: int) -> str:
-        """Name the ``index``-th comm job of a step (for watchdogs and error messages)."""
-        if not 0 <= index < len(self.comm_sequence):
-            return f"no comm job #{index} (the step has {len(self.comm_sequence)})"
-        t, mb, peer = self.comm_sequence[index]
-        where = f"(comm job {index + 1} of {len(self.comm_sequence)} in the step)"
-        if t in self.bystanders:
-            src, dst = self.bystanders[t]
-            return f"{t} micro-batch {mb}: the world-ring broadcast from rank {src} to rank " \
-                   f"{dst} {where}"
-        return f"{t} micro-batch {mb} with rank {peer} {where}"
+    @property
+    def progress(self) -> CommProgress:
+        """This rank's comm jobs, for naming the one a failed or stalled step was in."""
+        return CommProgress(self.comm_sequence, self.bystanders)
 
 
 def _names_in(program) -> Set[str]:

@@ -56,3 +56,20 @@ def test_a_misconfigured_pipeline_is_stopped_with_its_cause(results, case):
     assert set(by_rank) == {"0", "1"}
     for rank, line in by_rank.items():
         assert line.startswith(EXPECTED[case]), (case, rank, line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,fault,job,total", [("1F1B", "exit", "send_forward0", 8),
+                                                      ("ZBV", "hang", "send_forward0", 16)])
+def test_a_dead_or_hung_rank_is_named(tmp_path, schedule, fault, job, total):
+    """Rank 1 ends (or stops responding) at the start of step 1; rank 0's step fails within
+    gloo's timeout, naming itself, the step, the comm job, micro-batch and peer it was in."""
+    from test_multirank import _spawn
+
+    codes, logs = _spawn([ROOT / "tests" / "engine_dead_rank.py", schedule, fault, tmp_path],
+                         tmp_path, timeout=300)
+    assert codes[0] == 1, logs[0][-3000:]
+    line = (tmp_path / "rank0.txt").read_text().strip()
+    assert line.startswith("RuntimeError: pipesplit: rank 0 failed in train step 1 after "), line
+    assert f"s, waiting in {job} micro-batch 0 with rank 1 (comm job 1 of {total} in the step): " \
+        "the connection to its peer broke or timed out" in line, line

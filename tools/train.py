@@ -86,17 +86,7 @@ class Watchdog:
 
     def where(self) -> str:
         """The comm job the rank is in (from the progress counter the comm programs bump)."""
-        import numpy as np
-
-        from pipesplit.ir_utils.p2p import PROGRESS_VAR
-
-        var = self.scope.find_var(PROGRESS_VAR)
-        if var is None or not self.info.comm_sequence:
-            return "no communication job"
-        done = int(round(float(np.array(var.get_tensor()).reshape(-1)[0])))
-        if done >= len(self.info.comm_sequence):
-            return "after its last comm job (compute or optimizer)"
-        return self.info.describe_comm(done)
+        return self.info.progress.where(self.scope)
 
     def report(self, what) -> str:
         return (f"pipesplit train: rank {self.rank} {what} in step {self.step}, waiting in "
@@ -123,19 +113,6 @@ def _exchange(rank, world, key, payload: dict, gather_to: Optional[int]):
     if rank != gather_to:
         return None
     return [json.loads(bytes(store.get(f"pipesplit/{key}/{r}")).decode()) for r in range(world)]
-
-
-#: what Paddle's error says when a gloo peer's connection closes: the C++ type and nothing else
-_BARE_CPP_ERRORS = ("", "std::exception")
-
-
-def _reason(exc: BaseException) -> str:
-    """The error's text, or what it means where Paddle passes on only a bare C++ type name."""
-    text = " ".join(str(exc).split())[:2000]
-    if text in _BARE_CPP_ERRORS:
-        return ("the connection to its peer broke without an error message (the peer's "
-                "process probably ended; see that rank's log)")
-    return text
 
 
 def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Optional[dict]:
@@ -207,10 +184,8 @@ def _rank_place(info):
 def _train_steps(args, rank, model, pipeline, scope, place, log) -> list:
     """``args.steps`` steps through the rank's plan under the watchdog (and ``--fail-at``);
     the per-micro-batch losses of each step where this rank fetches them."""
-    import numpy as np
-
     from pipesplit.ir_utils import PlanRunner
-    from pipesplit.ir_utils.p2p import PROGRESS_VAR
+    from pipesplit.ir_utils.comm_progress import failure_reason
     from pipesplit.tools.demo import schedule_restored
 
     info = pipeline.rank_info
@@ -232,12 +207,13 @@ def _train_steps(args, rank, model, pipeline, scope, place, log) -> list:
                     os._exit(1)
                 batch = model.make_batch(step)
                 feed = {k: v for k, v in batch.items() if k in info.feed_names}
-                scope.find_var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
+                info.progress.start_step(scope, place)
                 watchdog.begin(step)
                 try:
                     out = runner.step(feed)
                 except Exception as exc:  # gloo timeout, peer gone ...
-                    raise RuntimeError(f"{watchdog.report('failed')}: {_reason(exc)}") from exc
+                    raise RuntimeError(f"{watchdog.report('failed')}: "
+                                       f"{failure_reason(exc)}") from exc
                 watchdog.end()
                 if model.lr_scheduler is not None:
                     model.lr_scheduler.step()

@@ -1,0 +1,68 @@
+"""Where a rank is in its step's communication: which comm job, micro-batch and peer.
+
+Every comm program can bump a persistable counter (:data:`pipesplit.ir_utils.p2p.PROGRESS_VAR`)
+once its transfers are done (``build_comm_program(..., progress=True)``); zeroed before each
+step, it counts the comm jobs finished.  When a step fails (a peer's process ended, a gloo
+timeout) or stalls, :meth:`CommProgress.where` names the job it was in.  Our multi-rank runner
+(``tools/train.py``) and the engine path (:mod:`pipesplit.passes.engine_hooks`) both say it so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .p2p import PROGRESS_VAR
+
+
+@dataclass
+class CommProgress:
+    """A rank's comm jobs of one step, in order, and how to read how far it got."""
+
+    # (job type, micro-batch, peer process); a bystander job's peer is its exchange's sender
+    sequence: List[Tuple[str, int, Optional[int]]] = field(default_factory=list)
+    # CPU world-ring transport: bystander job type -> (sender, receiver) of its exchange
+    bystanders: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+
+    def describe(self, index: int) -> str:
+        """Name the ``index``-th comm job of a step."""
+        if not 0 <= index < len(self.sequence):
+            return f"no comm job #{index} (the step has {len(self.sequence)})"
+        job, mb, peer = self.sequence[index]
+        where = f"(comm job {index + 1} of {len(self.sequence)} in the step)"
+        if job in self.bystanders:
+            src, dst = self.bystanders[job]
+            return f"{job} micro-batch {mb}: the world-ring broadcast from rank {src} to rank " \
+                   f"{dst} {where}"
+        return f"{job} micro-batch {mb} with rank {peer} {where}"
+
+    def start_step(self, scope, place) -> None:
+        """Create or zero the counter (before each step)."""
+        import numpy as np
+
+        if self.sequence:
+            scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
+
+    def where(self, scope) -> str:
+        """The comm job the rank is in, read from the counter in ``scope``."""
+        import numpy as np
+
+        var = scope.find_var(PROGRESS_VAR)
+        if var is None or not self.sequence or not var.get_tensor()._is_initialized():
+            return "no communication job"
+        done = int(round(float(np.array(var.get_tensor()).reshape(-1)[0])))
+        if done >= len(self.sequence):
+            return "after its last comm job (compute or optimizer)"
+        return self.describe(done)
+
+
+#: what Paddle's error says when a gloo peer's connection closes: the C++ type and nothing else
+_BARE_CPP_ERRORS = ("", "std::exception")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The error's text, or what it means where Paddle passes on only a bare C++ type name."""
+    text = " ".join(str(exc).split())[:2000]
+    if text in _BARE_CPP_ERRORS:
+        return ("the connection to its peer broke or timed out without an error message (the "
+                "peer's process ended or stopped responding; see that rank's log)")
+    return text
