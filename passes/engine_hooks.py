@@ -19,7 +19,7 @@ from .cpu_hooks import needed as cpu_support_needed
 from .core import PipelinePlan
 from .engine import build_engine_rank_plan, is_engine_program
 from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, restore_user_placements
-from .loader_checks import check_loader
+from .loader_checks import check_labels_are_class_ids, check_loader
 from .pipeline import split_and_schedule
 from .strategy_checks import check_engine_strategy, check_no_gradient_merge
 from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, config_from_strategy,
@@ -260,6 +260,7 @@ def complete_chunk_id(original):
         if not pipeline_strategy.enable:
             return None
         record_pipe(dist_program, pipeline_strategy)
+        check_labels_are_class_ids(dist_program)
         if int(pipeline_strategy.vpp_degree) < 2:
             return None
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program

@@ -6,7 +6,8 @@ others then wait for it): an empty loader with ``IndexError: index 0 is out of b
 last batch smaller than the others with a ``ReshapeOp`` error on the first stage and a bare
 ``std::exception`` on the next.  These checks read only the loader's sampler (no data is
 drawn), so every rank reaches the same verdict before any collective.  A loader whose length
-is unknown (an ``IterableDataset``) is not checked.
+is unknown (an ``IterableDataset``) is not checked.  Labels of the wrong type for the loss are
+found in the engine's whole traced program (every rank holds it), before it is split.
 """
 from __future__ import annotations
 
@@ -68,3 +69,23 @@ def _samples_of(sampler) -> Optional[int]:
         return len(inner) if inner is not None else None
     except TypeError:  # a sampler over an IterableDataset has no length
         return None
+
+
+#: Paddle's hard-label cross entropy and the position of its label operand
+_HARD_LABEL_LOSSES = {"pd_op.cross_entropy_with_softmax": 1}
+
+
+def check_labels_are_class_ids(program) -> None:
+    """``ValueError`` when the loss reads float labels as class indices (``cross_entropy`` with
+    ``soft_label=False``): Paddle traces it, then the loss's rank fails at run time while the
+    others wait for it (a gloo timeout)."""
+    for op in program.global_block().ops:
+        index = _HARD_LABEL_LOSSES.get(op.name())
+        if index is None or op.attrs().get("soft_label", False):
+            continue
+        dtype = str(op.operand_source(index).dtype).replace("paddle.", "")
+        if dtype.startswith(("float", "bfloat", "complex")):
+            raise ValueError(
+                f"the loss's cross_entropy (soft_label=False) reads the labels as class indices, "
+                f"but they are {dtype}: the DataLoader must yield integer labels (int64), or the "
+                "loss must say soft_label=True for class probabilities")

@@ -27,6 +27,20 @@ def _field(name, value):
     return spoil
 
 
+class FloatLabels(paddle.io.Dataset):
+    """The example's data with float32 labels (its loss is a hard-label cross entropy)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __getitem__(self, i):
+        x, y = self.data[i]
+        return x, y.astype("float32")
+
+    def __len__(self):
+        return len(self.data)
+
+
 #: samples in the dataset, by layout (default: one full batch)
 SAMPLES = {"empty_loader": lambda args: 0,
            "short_last_batch": lambda args: args.batch + args.batch // 2}
@@ -47,6 +61,7 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
     "cpu_support_after_to_static": (None, ["--schedule", "ZBV"], "cpu_late"),
     "empty_loader": (None, ["--schedule", "ZBV"], "empty_loader"),
     "short_last_batch": (None, ["--schedule", "1F1B"], "short_last_batch"),
+    "float_labels": (None, ["--schedule", "ZBV"], "float_labels"),
 }
 
 
@@ -67,6 +82,8 @@ def run_case(change, argv, layout) -> str:
         change(strategy, args)
     samples = SAMPLES.get(layout, lambda args: args.batch)(args)
     data = example.TokenData(samples, args.seq, args.vocab, args.seed)
+    if layout == "float_labels":
+        data = FloatLabels(data)
     loader = paddle.io.DataLoader(data, batch_size=args.batch, shuffle=False)
     try:
         dist_model = dist.to_static(model, loader, example.lm_loss, opt, strategy)

@@ -34,6 +34,8 @@ EXPECTED = {
     "empty_loader": "ValueError: the DataLoader given to dist.to_static yields no batch",
     "short_last_batch": "ValueError: the DataLoader's last batch has 4 samples and the others "
                         "batch_size=8",
+    "float_labels": "ValueError: the loss's cross_entropy (soft_label=False) reads the labels as "
+                    "class indices, but they are float32",
     "one_mesh_zbv": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                     "placed on 1 stage mesh(es): [0] ['pp']",
 }

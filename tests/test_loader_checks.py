@@ -55,3 +55,30 @@ def test_a_distributed_batch_sampler_counts_this_ranks_samples():
 def test_a_loader_the_pipeline_cannot_split_is_refused(loader, steps, message):
     with pytest.raises(ValueError, match=message):
         check_loader(loader(), accumulate_steps=steps)
+
+
+def _loss_program(label_dtype, soft_label=False):
+    from paddle import _C_ops
+
+    main = paddle.static.Program()
+    with paddle.static.program_guard(main, paddle.static.Program()):
+        logits = paddle.static.data("logits", [4, 10], "float32")
+        labels = paddle.static.data("labels", [4, 1], label_dtype)
+        _C_ops.cross_entropy_with_softmax(logits, labels, soft_label, True, True, -100, -1)
+    return main
+
+
+@pytest.fixture
+def static_mode():
+    paddle.enable_static()
+    yield
+    paddle.disable_static()
+
+
+def test_float_labels_for_a_hard_label_loss_are_refused(static_mode):
+    from pipesplit.passes.loader_checks import check_labels_are_class_ids
+
+    check_labels_are_class_ids(_loss_program("int64"))
+    with pytest.raises(ValueError, match="reads the labels as class indices, but they are "
+                                         "float32: the DataLoader must yield integer labels"):
+        check_labels_are_class_ids(_loss_program("float32"))
