@@ -65,8 +65,15 @@ def lower_comm(schedule: Schedule, costs: Optional[Costs] = None, *,
     whatever ``costs.comm_mode``); any costs give a deadlock-free result.  ``timing``, a ``simulate(schedule, costs)`` result the caller already
     has, saves simulating again.  A lowered input is re-lowered from its compute jobs.
     """
-    ranks, _ = _lower(schedule, costs, timing)
-    return schedule.with_ranks(ranks, lowered=True)
+    return lower_with_order(schedule, costs, timing=timing)[0]
+
+
+def lower_with_order(schedule: Schedule, costs: Optional[Costs] = None, *,
+                     timing: Optional[SimResult] = None) -> Tuple[Schedule, List[RankJob]]:
+    """:func:`lower_comm` and, from the same lowering, :func:`global_order`'s sequence (a plan
+    opening needs both; neither is worked out twice)."""
+    ranks, sequence = _lower(schedule, costs, timing)
+    return schedule.with_ranks(ranks, lowered=True), sequence
 
 
 def global_order(schedule: Schedule, costs: Optional[Costs] = None) -> List[RankJob]:

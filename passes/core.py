@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, List, Optional, Tuple
 
-from pipesplit.job_list import Schedule, build_schedule
-from pipesplit.job_list.lower import lower_comm
+from pipesplit.job_list import Schedule, build_schedule, get_spec
+from pipesplit.job_list.latency import simulate_latency
+from pipesplit.job_list.lower import RankJob, lower_with_order
 from pipesplit.job_list.auto import AUTO_NAMES, split_stages_of
 from pipesplit.job_list.registry import accepted_options
 from pipesplit.job_list.simulate import SimResult, simulate
@@ -41,8 +42,14 @@ class PipelinePlan:
     rank_info: Optional[object] = None  # per-rank plans: pipesplit.passes.per_rank.RankInfo
     # the engine path: this rank's comm jobs (pipesplit.ir_utils.comm_progress.CommProgress)
     comm_progress: Optional[object] = None
+    # the latency model's times of ``schedule`` under the config's costs (steered the lowering)
+    timing: Optional[SimResult] = None
 
     def simulate(self, costs=None) -> SimResult:
+        """The schedule's simulated times: the plan's own for the config's costs (latency
+        model), simulated afresh for other costs or the rendezvous model."""
+        if costs is None and self.timing is not None and not self.timing.costs.rendezvous:
+            return self.timing
         return simulate(self.schedule, costs or self.config.costs)
 
     def init_scope(self, scope, place=None):
@@ -50,31 +57,70 @@ class PipelinePlan:
         self.split.init_scope(scope, place or paddle.CPUPlace())
 
 
-def make_schedule(config: PipelineConfig) -> Schedule:
-    """The validated compute schedule the config asks for."""
+def _generator_options(config: PipelineConfig) -> dict:
     options = {}
     if config.costs is not None:
         options["costs"] = config.costs
     if config.memory_limit is not None:
         options["memory_limit"] = config.memory_limit
-    schedule = build_schedule(config.schedule, config.pp_degree, config.vpp_degree,
-                              config.num_micro_batches, split_backward=config.split_backward,
-                              **accepted_options(config.schedule, options))
+    return accepted_options(config.schedule, options)
+
+
+def build_for(config: PipelineConfig) -> Schedule:
+    """The compute schedule the config asks for, built (the ``auto`` search run), not yet
+    validated: a strategy check keeps it for the plan opening (:func:`open_schedule`)."""
+    return build_schedule(config.schedule, config.pp_degree, config.vpp_degree,
+                          config.num_micro_batches, split_backward=config.split_backward,
+                          **_generator_options(config))
+
+
+def make_schedule(config: PipelineConfig) -> Schedule:
+    """The validated compute schedule the config asks for."""
+    schedule = build_for(config)
     validate(schedule)
     return schedule
 
 
-def open_schedule(config: PipelineConfig, main_program) -> Tuple[Schedule, Schedule]:
-    """(compute schedule, lowered schedule) of a plan: the one place every builder opens it.
-    The schedule is built once (the ``auto`` search too) and validated; a program without a
-    backward (evaluation, prediction) gets the schedule's forward order
-    (``Schedule.forward_only``); the comm lowering is validated before anything runs."""
-    schedule = make_schedule(config)
+def matches_request(schedule: Schedule, config: PipelineConfig) -> bool:
+    """Whether ``schedule`` is what :func:`build_for` gives for ``config`` (the same schedule,
+    sizes, B / W split and generator options)."""
+    return (schedule.name == get_spec(config.schedule).name
+            and (schedule.pp, schedule.vpp, schedule.m)
+            == (config.pp_degree, config.vpp_degree, config.num_micro_batches)
+            and schedule.split_backward == config.splits_backward
+            and schedule.options == _generator_options(config) and not schedule.lowered)
+
+
+@dataclass(frozen=True)
+class OpenedSchedule:
+    """A plan's schedule, opened once by :func:`open_schedule` for every builder."""
+
+    schedule: Schedule      # compute-only (forward-only for a program without backward)
+    lowered: Schedule       # with send / recv jobs, validated
+    order: List[RankJob]    # one sequential execution of every rank's lowered jobs
+    timing: SimResult       # the latency model's times of ``schedule`` (steered the lowering)
+
+
+def open_schedule(config: PipelineConfig, main_program,
+                  built: Optional[Schedule] = None) -> OpenedSchedule:
+    """The one place every builder opens a plan's schedule: built once (the ``auto`` search
+    too; ``built``, what :func:`build_for` gave a check of the same config, is taken as it
+    is), validated once; a program without a backward (evaluation, prediction) gets the
+    schedule's forward order (``Schedule.forward_only``); simulated and lowered once, the
+    lowering validated before anything runs."""
+    if built is not None and not matches_request(built, config):
+        raise ValueError(f"the schedule given ({built.name}, pp={built.pp}, vpp={built.vpp}, "
+                         f"m={built.m}) was not built for this config ({config.schedule}, "
+                         f"pp={config.pp_degree}, vpp={config.vpp_degree}, "
+                         f"m={config.num_micro_batches})")
+    schedule = built if built is not None else build_for(config)
+    validate(schedule)
     if not has_backward(main_program):
         schedule = schedule.forward_only()
-    lowered = lower_comm(schedule, config.costs)
+    timing = simulate_latency(schedule, config.costs)
+    lowered, order = lower_with_order(schedule, config.costs, timing=timing)
     validate(lowered)
-    return schedule, lowered
+    return OpenedSchedule(schedule, lowered, order, timing)
 
 
 def split_chunks_of(config: PipelineConfig, num_chunks: int,

@@ -270,12 +270,13 @@ def _needs_lockstep(programs, config: PipelineConfig) -> bool:
         op.name() in P2P_OPS for op in optimizer.global_block().ops)
 
 
-def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backend):
+def _pipeline_transport(programs, found, opened, config, pipe, backend):
     """One process per stage (CPU: broadcasts on ring 0, every rank joining every transfer
     beyond two ranks) or NCCL (the engine's rings): comm programs into ``programs``; returns
     the job order without the optimizer and its comm jobs (on CPU each bumps the progress
     counter, so a failed step names the job it was in)."""
     rank = config.pp_stage
+    schedule, lowered = opened.schedule, opened.lowered
     process = pipe.process_of(rank)
     optimizer = programs.get(OPTIMIZER)
     if backend == "gloo" and optimizer is not None:  # it runs last on every rank: its
@@ -304,7 +305,7 @@ def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backen
         job_order.append((job.type, job.micro_batch))
     if backend == "gloo" and config.pp_degree > 2:  # every rank takes part in every transfer
         job_order, own_comm, bystanders = world_ring_order(
-            schedule, config, rank, world_transfers(found, schedule, rank), job_order,
+            schedule, opened.order, rank, world_transfers(found, schedule, rank), job_order,
             own_comm, programs, progress=True)
     else:
         bystanders = {}
@@ -317,11 +318,11 @@ def _pipeline_transport(programs, found, schedule, lowered, config, pipe, backen
 
 
 def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
-                           pipe: Optional[Pipe] = None) -> PipelinePlan:
+                           pipe: Optional[Pipe] = None, built=None) -> PipelinePlan:
     """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
     modified).  ``backend``: "gloo" (CPU: broadcasts on ring 0) or "nccl".  ``pipe``: this
     process's pipeline (which process runs each pipeline rank; default one process per stage,
-    pipeline rank = process)."""
+    pipeline rank = process).  ``built``: the schedule the strategy check built."""
     rank = config.pp_stage
     if rank is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
@@ -329,7 +330,8 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     if pipe.pp != config.pp_degree:
         raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
                          f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
-    schedule, lowered = open_schedule(config, main_program)
+    opened = open_schedule(config, main_program, built)
+    schedule, lowered = opened.schedule, opened.lowered
     found: List[EngineTransfer] = []
 
     def prepare(work):
@@ -347,12 +349,12 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
         job_order = hybrid_world_ring(programs, found, lowered, config, pipe)
         progress = CommProgress()  # (its lockstep jobs count no progress)
     else:
-        job_order, progress = _pipeline_transport(programs, found, schedule, lowered, config,
-                                                  pipe, backend)
+        job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,
+                                                  backend)
     if OPTIMIZER in programs:
         job_order.append((OPTIMIZER, 0))
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     plan = make_plan(job_order, used, config.num_micro_batches)
     split.programs = programs
     return PipelinePlan(config, schedule, lowered, job_order, split, plan, report,
-                        comm_progress=progress)
+                        comm_progress=progress, timing=opened.timing)

@@ -22,8 +22,9 @@ from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, rest
 from .loader_checks import check_labels_are_class_ids, check_loader
 from .pipeline import split_and_schedule
 from .strategy_checks import check_engine_strategy, check_no_gradient_merge
-from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, config_from_strategy,
-                              pipe_from_strategy, record_pipe, requested_schedule)
+from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, checked_schedule,
+                              config_from_strategy, pipe_from_strategy, record_pipe,
+                              requested_schedule)
 
 _last: Optional[PipelinePlan] = None
 #: the stage meshes while Paddle's chunk completion runs (see :func:`stage_by_mesh`)
@@ -67,9 +68,11 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
         if config.pp_stage is None:
             raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
         _last = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
-                                       pipe_from_strategy(pipeline_strategy))
+                                       pipe_from_strategy(pipeline_strategy),
+                                       built=checked_schedule(pipeline_strategy, config))
     else:
-        _last = split_and_schedule(main, _single(dense_startup_program, ""), config)
+        _last = split_and_schedule(main, _single(dense_startup_program, ""), config,
+                                   built=checked_schedule(pipeline_strategy, config))
     return _last.plan
 
 

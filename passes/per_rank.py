@@ -30,7 +30,7 @@ from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, COMM_KINDS, COMPUTE_KINDS, FORWARD,
                                    SEND_BACKWARD, SEND_FORWARD, job_type, other_end,
                                    parse_job_type)
-from pipesplit.job_list.lower import global_order, peer_of
+from pipesplit.job_list.lower import peer_of
 
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
@@ -304,7 +304,7 @@ def _all_reduced_partial_sum(chain, terms, all_reduce_sum):
 
 
 def build_rank_plan(main_program, startup_program, config: PipelineConfig,
-                    device: str = "auto", progress: bool = True):
+                    device: str = "auto", progress: bool = True, built=None):
     """The :class:`~pipesplit.passes.core.PipelinePlan` of rank ``config.pp_stage``.
 
     ``device``: "cpu" (gloo broadcasts on the world ring, any pp_degree), "gpu" (NCCL send_v2 / recv_v2) or
@@ -316,7 +316,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     if rank is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
     backend = backend_for(resolve_device(device))
-    schedule, lowered = open_schedule(config, main_program)
+    opened = open_schedule(config, main_program, built)
+    schedule, lowered = opened.schedule, opened.lowered
     split, report = split_sub_programs(main_program, config, schedule=schedule)
 
     stages = {c: schedule.placement.stage(rank, c) for c in range(config.vpp_degree)}
@@ -333,7 +334,8 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     bystanders: Dict[str, Tuple[int, int]] = {}
     if backend == "gloo":
         job_order, comm_sequence, bystanders = world_ring_order(
-            schedule, config, rank, transfers, job_order, comm_sequence, programs, progress)
+            schedule, opened.order, rank, transfers, job_order, comm_sequence, programs,
+            progress)
     if not schedule.is_forward_only:
         job_order.append((OPTIMIZER, 0))
 
@@ -349,7 +351,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                     comm_sequence=comm_sequence, bystanders=bystanders,
                     reduce_ring_id=reduce_ring_id, num_all_reduces=num_all_reduces)
     return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
-                        rank_info=info)
+                        rank_info=info, timing=opened.timing)
 
 
 def _ownership(split: SplitProgram, placement) -> Tuple[Dict[str, Set[int]], Set[str]]:
@@ -457,14 +459,14 @@ def _rank_split(split: SplitProgram, programs, stages: Dict[int, int], num_chunk
     return rank_split
 
 
-def world_ring_order(schedule, config, rank, transfers, own_order, own_comm, programs,
+def world_ring_order(schedule, sequence, rank, transfers, own_order, own_comm, programs,
                       progress):
     """CPU: the rank's job order with a bystander job for every exchange between two other
-    ranks, at its place in the global order (``programs`` gets the bystander programs).
+    ranks, at its place in the global order ``sequence`` (the plan opening's, of every rank's
+    lowered jobs; ``programs`` gets the bystander programs).
     Returns (job order, comm sequence, bystander job type -> (sender, receiver)).  Removing the
     bystander jobs gives ``own_order`` back (checked): the GPU order."""
     placement = schedule.placement
-    sequence = global_order(schedule, config.costs)
     exchanges, sends = [], []  # sends: index in ``sequence`` of each exchange's send
     for index, (who, job) in enumerate(sequence):
         if job.kind in (SEND_FORWARD, SEND_BACKWARD):

@@ -8,7 +8,7 @@ shape as a real multi-rank one.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Job, Schedule
 from pipesplit.job_list.lower import global_order
@@ -27,10 +27,11 @@ __all__ = ["PipelinePlan", "emulated_job_order", "make_schedule", "split_and_sch
            "split_sub_programs"]
 
 
-def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
-    """Every rank's lowered jobs in one executable global order, typed by global stage."""
+def emulated_job_order(schedule: Schedule, costs=None, sequence=None) -> List[Tuple[str, int]]:
+    """Every rank's lowered jobs in one executable global order, typed by global stage
+    (``sequence``: that order, where the plan opening has it already)."""
     order = []
-    for rank, job in global_order(schedule, costs):
+    for rank, job in sequence if sequence is not None else global_order(schedule, costs):
         if job.kind == OPTIMIZER:
             continue
         stage = schedule.placement.stage(rank, job.chunk)
@@ -40,13 +41,16 @@ def emulated_job_order(schedule: Schedule, costs=None) -> List[Tuple[str, int]]:
     return order
 
 
-def split_and_schedule(main_program, startup_program, config: PipelineConfig) -> PipelinePlan:
-    """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts."""
+def split_and_schedule(main_program, startup_program, config: PipelineConfig,
+                       built: Optional[Schedule] = None) -> PipelinePlan:
+    """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts.
+    ``built``: the schedule a check already built for this config (see ``open_schedule``)."""
     check_pass_inputs(main_program, startup_program, config)
     if config.pp_stage is not None:
-        return build_rank_plan(main_program, startup_program, config)
-    schedule, lowered = open_schedule(config, main_program)
-    split, report = split_sub_programs(main_program, config, schedule=schedule)
-    job_order = emulated_job_order(schedule, config.costs)
+        return build_rank_plan(main_program, startup_program, config, built=built)
+    opened = open_schedule(config, main_program, built)
+    split, report = split_sub_programs(main_program, config, schedule=opened.schedule)
+    job_order = emulated_job_order(opened.schedule, sequence=opened.order)
     plan = make_plan(job_order, split.programs, config.num_micro_batches, split.required_vars)
-    return PipelinePlan(config, schedule, lowered, job_order, split, plan, report)
+    return PipelinePlan(config, opened.schedule, opened.lowered, job_order, split, plan, report,
+                        timing=opened.timing)

@@ -15,6 +15,7 @@ ENGINE_MODE = "VPP"
 #: where the engine's copy of ``strategy.pipeline`` keeps the schedule the user asked for
 REQUESTED_ATTR = "_pipesplit_schedule"
 _PIPE = "_pipesplit_pipe"
+_CHECKED = "_pipesplit_checked_schedule"
 _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
 
 
@@ -89,12 +90,13 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
 def check_strategy(pipeline_strategy) -> PipelineConfig:
     """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything:
     an unknown schedule name, or pp / vpp / micro-batches the schedule cannot serve
-    (``ValueError`` naming the strategy field and the constraint)."""
-    from .core import make_schedule
+    (``ValueError`` naming the strategy field and the constraint).  The schedule built for the
+    check is kept beside the strategy for the pipeline pass (:func:`checked_schedule`)."""
+    from .core import build_for
 
     config = config_from_strategy(pipeline_strategy, pp_stage=None)
     try:
-        make_schedule(config)
+        setattr(pipeline_strategy, _CHECKED, build_for(config))
     except ValueError as e:
         msg = str(e)
         for field in ("vpp", "pp", "m"):
@@ -102,3 +104,12 @@ def check_strategy(pipeline_strategy) -> PipelineConfig:
         raise ValueError(f"strategy.pipeline.schedule_mode={config.schedule!r} cannot serve "
                          f"this strategy: {msg}") from None
     return config
+
+
+def checked_schedule(pipeline_strategy, config: PipelineConfig):
+    """The schedule :func:`check_strategy` built, where ``config`` asks for the same one (the
+    plan opening then builds none), else None."""
+    from .core import matches_request
+
+    built = getattr(pipeline_strategy, _CHECKED, None)
+    return built if built is not None and matches_request(built, config) else None

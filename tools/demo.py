@@ -76,12 +76,22 @@ def flag(name: str) -> str:
 
 def default_vpp(schedule: str, pp: int, m: int) -> int:
     """:data:`PREFERRED_VPP` chunks per rank where ``schedule`` serves them, else 1."""
-    from pipesplit.job_list import get_spec, serves
+    return _preferred_vpp(schedule, pp, m)[0]
+
+
+def _preferred_vpp(schedule: str, pp: int, m: int, split_backward: bool = False):
+    """(vpp, the schedule built to learn it, or None): the plan opening takes that schedule
+    instead of building it again."""
+    from pipesplit.job_list import build_schedule, get_spec
     from pipesplit.tools.cli import load_schedules
 
     load_schedules()
     name = get_spec(schedule).name  # an unknown name: ValueError with "did you mean"
-    return PREFERRED_VPP if serves(name, pp, PREFERRED_VPP, m) else 1
+    try:
+        return PREFERRED_VPP, build_schedule(name, pp, PREFERRED_VPP, m,
+                                             split_backward=split_backward)
+    except ValueError:  # its constraint: one chunk per rank
+        return 1, None
 
 
 def _check(args) -> None:
@@ -90,7 +100,8 @@ def _check(args) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"{flag(name)} must be >= 1, got {getattr(args, name)}")
     if args.vpp is None:
-        args.vpp = default_vpp(args.schedule, args.pp, args.m)
+        args.vpp, args.built_schedule = _preferred_vpp(args.schedule, args.pp, args.m,
+                                                       bool(args.split_backward))
     if args.vpp < 1:
         raise ValueError(f"--vpp must be >= 1, got {args.vpp}")
     clip = getattr(args, "clip_global_norm", None)
@@ -145,14 +156,18 @@ def run(args) -> dict:
 
     from pipesplit.ir_utils import PlanRunner, init_scope, read_params, run_unsplit_baseline
     from pipesplit.job_list.views import ascii_grid
-    from pipesplit.passes import apply_pipeline
+    from pipesplit.passes import PipelineConfig, split_and_schedule
+    from pipesplit.passes.core import matches_request
     from pipesplit.tools._console import grid_width
 
     model = build_model(args)
     attrs = dict(num_micro_batches=args.m, pp_degree=args.pp, vpp_degree=args.vpp,
                  split_backward=args.split_backward)
     attrs.update(_profiled_attrs(args, model))
-    pipeline = apply_pipeline(model.main, model.startup, args.schedule, attrs)
+    config = PipelineConfig.from_attrs(args.schedule, attrs)
+    built = getattr(args, "built_schedule", None)  # (when --vpp was left to the demo)
+    pipeline = split_and_schedule(model.main, model.startup, config,
+                                  built if built and matches_request(built, config) else None)
     sim = pipeline.simulate()
     print(f"{pipeline.schedule.name}: pp={args.pp} vpp={args.vpp} m={args.m} "
           f"({args.model}, {len(model.param_names)} parameters, {args.steps} steps, "
