@@ -205,3 +205,20 @@ def test_job_types_are_built_by_job_type_only():
                   if line not in own]
     assert not found, "build job types with pipesplit.job_list.ir.job_type(kind, chunk):\n" + \
         "\n".join(found)
+
+
+def test_the_checkout_imports_the_package_without_path_tricks():
+    """``pipesplit/`` links each sub-package folder: the checkout imports the very files an
+    installation copies, through one ``__path__``, and nothing else of the repository root
+    (``pipesplit.setup`` is not ``setup.py``)."""
+    import importlib
+
+    import pipesplit
+
+    assert len(pipesplit.__path__) == 1
+    for package in PACKAGES:
+        module = importlib.import_module(f"pipesplit.{package}")
+        if os.path.realpath(os.path.dirname(pipesplit.__file__)) == os.path.join(ROOT, "pipesplit"):
+            assert os.path.realpath(module.__file__) == os.path.join(ROOT, package, "__init__.py")
+    with pytest.raises(ImportError):
+        importlib.import_module("pipesplit.setup")
