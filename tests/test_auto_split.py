@@ -72,7 +72,7 @@ def test_auto_never_slower_than_a_registered_schedule_at_no_more_memory(placemen
                         f"{name} {mine.makespan:.4f} > {label} {theirs.makespan:.4f} "
                         f"(pp={pp} vpp={vpp} m={m} costs={costs})")
     assert checked > 50
-    assert slowest_search < 10.0  # bounded search (README: Benchmarks reports the times)
+    assert slowest_search < 10.0  # bounded search (docs/measurements.md, Benchmarks, reports the times)
 
 
 def test_profiled_costs_choose_the_unsplit_backward():

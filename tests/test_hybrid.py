@@ -71,7 +71,7 @@ def test_dp_and_mp_beside_the_pipeline_train_llama_like_the_reference(tmp_path):
     """dp2 x pp2 and mp2 x pp2 on four CPU processes, in one launch: peers by mesh
     coordinate (not rank +- 1), the engine's dp gradient all-reduce after the last W (and the
     sharded optimizer's all-gathers), mp collectives inside F / B, all on the CPU world-ring
-    transport; no fleet groups (started as the README's command is)."""
+    transport; no fleet groups (started as docs/engine_usage.md's command is)."""
     configs = []
     for mesh_name, mesh in (("dp", ["--dp", "2", "--pp", "2"]), ("mp", ["--mp", "2", "--pp", "2"])):
         configs += [(f"{mesh_name}_{name}", _args(mesh, name)) for name in HYBRID_SCHEDULES]

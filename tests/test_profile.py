@@ -116,7 +116,7 @@ def test_calibrated_simulator_predicts_measured_memory_ratios(calibration):
     Differences, not ratios: every measured peak also holds a schedule-independent part
     (parameters' gradients, the feed, one job's temporaries) that the model does not count.
     The measurement is repeatable (see test_memory_measurement_is_repeatable); the errors are
-    0% (FThenB), 4.5% (ZB-H1) and 3% (ZB-H2), checked against README's 10%."""
+    0% (FThenB), 4.5% (ZB-H1) and 3% (ZB-H2), checked against docs/measurements.md's 10%."""
     r = calibration
     base_measured, base_predicted = r["1F1B"]["peak_bytes"], r["1F1B"]["serial_peak_bytes_sim"]
     for name in ("FThenB", "ZBH1", "ZBH2"):
