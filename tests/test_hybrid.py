@@ -246,15 +246,6 @@ def _program_on(meshes):
     return main
 
 
-@pytest.fixture
-def static_mode():
-    import paddle
-
-    paddle.enable_static()
-    yield
-    paddle.disable_static()
-
-
 def test_the_pipeline_of_a_process_comes_from_the_stage_meshes_coordinates(static_mode):
     from types import SimpleNamespace
 

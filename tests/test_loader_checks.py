@@ -68,13 +68,6 @@ def _loss_program(label_dtype, soft_label=False):
     return main
 
 
-@pytest.fixture
-def static_mode():
-    paddle.enable_static()
-    yield
-    paddle.disable_static()
-
-
 def test_float_labels_for_a_hard_label_loss_are_refused(static_mode):
     from pipesplit.passes.loader_checks import check_labels_are_class_ids
 
