@@ -1,0 +1,599 @@
+"""Measured step time, memory and pass time of Paddle's auto-parallel engine per schedule:
+Paddle's own pipeline passes against pipesplit's, one model, two CPU processes.
+
+    python tools/bench_engine.py [--model {gpt,llama}] [--steps 10] [--warmup 2] [-m 8]
+        [--schedules FThenB,1F1B,...] [--quick] [--json PATH]
+
+The parent launches ``python -m paddle.distributed.launch --nproc_per_node 2`` on this file
+(``--worker``), one compute thread per rank (as ``tools/bench_multirank.py``).  Each process
+builds one ``DistModel`` per (schedule, impl) with ``dist.to_static`` from the example's own
+builders (``examples/auto_parallel_pipeline.py``; ``examples/llama_auto_parallel.py`` at pp 2),
+each in its own name generator and scope, same seed, same batches.  Paddle's controls (impl
+``paddle``: FThenB, 1F1B; Paddle's VPP does not run on the CPU transport) are built and stepped
+with ``pipesplit.passes.strategy.disable_strategy()``, as the examples' ``--paddle``;
+pipesplit's with ``enable_strategy()``; ``cpu_support`` stays on for both.
+
+Measured per (schedule, impl):
+
+* **step ms**: after the warm-up, step k of every engine (order rotated by one per step: paired)
+  before step k + 1 of any.  Both ranks first meet in a barrier of the launcher's gloo group
+  (not the TCP store, whose blocking ``get`` wakes a waiter later); a step is the last rank's
+  end minus the first rank's start of ``dist_model(x, y)`` (``time.monotonic``, system-wide);
+  median and interquartile range;
+* **peak bytes** per rank, Paddle's host allocator statistics (process RSS hides its cache):
+  *resident* (allocated bytes the engine added from before its model was built to after its
+  first step, GC settled: parameters, optimizer states, gradient buffers) + *transient* (the
+  allocator's peak during a step minus the bytes at its start; smallest over the timed steps,
+  a lagging GC thread only raises it);
+* **pass ms**: time inside the pipeline pass while the engine is prepared (``to_static``,
+  ``train()``, first step), by a wrapper installed only then, only in this process, around the
+  engine module's ``pipeline_pass`` and ``pir_pass``'s (Paddle's own, or pipesplit's
+  ``engine_hooks.pipeline_pass``) and, for pipesplit, ``engine_hooks.check_strategy`` (it builds
+  the schedule the pass reuses).  One untimed engine per impl is built first: the first
+  preparation in a process pays one-time costs (imports, first calls);
+* **max loss diff**: largest |loss - reference| over every step and micro-batch; reference:
+  Paddle's 1F1B through the same engine (clipping off: Paddle clips the SUM of the micro-batch
+  gradients), else the example's one-process dygraph reference.
+
+The issue's goals print as PASS / MISS; on a miss, the simulator's figures beside the measured.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
+    # the script's folder would shadow modules (tools/profile.py the standard library's)
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "examples")
+PP = 2
+#: (schedule, vpp) in the table's order
+SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("VPP", 2), ("ZBV", 2),
+             ("DualPipeV", 2), ("auto", 1))
+#: schedules Paddle's own pass serves on the CPU transport (the controls)
+PADDLE_SCHEDULES = ("FThenB", "1F1B")
+REFERENCE = ("1F1B", "paddle")
+#: issue 21's goals
+GOAL_1F1B_RATIO = 1.02     # pipesplit 1F1B step <= this x Paddle 1F1B step
+GOAL_BEST_RATIO = 0.90     # pipesplit best <= this x Paddle best, at no more peak per rank
+#: one thread per rank (as tools/bench_multirank.py)
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                  "FLAGS_paddle_num_threads": "1", "FLAGS_new_executor_serial_run": "1",
+                  "GLOG_minloglevel": "2"}
+#: the examples' size options: compute-bound (a job of tens of ms, far above the executor's
+#: per-op cost) and --quick (the examples' test sizes)
+_COMPUTE_BOUND = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab",
+                  "256", "--micro-batch-size", "4"]
+SIZES = {("gpt", False): _COMPUTE_BOUND,
+         ("gpt", True): ["--layers", "4", "--hidden", "16", "--heads", "2", "--seq", "8",
+                         "--vocab", "32", "--micro-batch-size", "2"],
+         ("llama", False): _COMPUTE_BOUND + ["--clip", "0", "--pp", str(PP)],
+         ("llama", True): ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq", "8", "--vocab",
+                           "64", "--micro-batch-size", "2", "--clip", "0", "--pp", str(PP)]}
+DEFAULT_M = {False: 8, True: 4}
+LAUNCH_TIMEOUT_S = 1800
+
+
+def make_parser():
+    p = argparse.ArgumentParser(prog="tools/bench_engine.py", description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=("gpt", "llama"), default="gpt")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per engine")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed steps first (at least 1: the first step prepares the engine)")
+    p.add_argument("-m", type=int, default=None, help="micro-batches per step (8, --quick 4)")
+    p.add_argument("--schedules", default=",".join(name for name, _ in SCHEDULES),
+                   help="comma list; FThenB and 1F1B run with both impls")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
+    p.add_argument("--json", metavar="PATH", help="write one row per (schedule, impl) here")
+    p.add_argument("--log-dir", default=None, help="the launcher's logs (default: temporary)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    return p
+
+
+def check_args(args) -> None:
+    if args.steps < 1 or args.warmup < 1:
+        raise ValueError(f"--steps and --warmup must be >= 1, got {args.steps}, {args.warmup}")
+    if args.m is None:
+        args.m = DEFAULT_M[args.quick]
+    known, names = dict(SCHEDULES), [s.strip() for s in args.schedules.split(",") if s.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ValueError(f"--schedules: unknown {bad}; choose from {', '.join(known)}")
+    args.entries = [(n, impl, known[n]) for n, _ in SCHEDULES if n in names
+                    for impl in (("paddle", "pipesplit") if n in PADDLE_SCHEDULES
+                                 else ("pipesplit",))]
+
+
+# =========================================================================== the models
+
+def _example(name: str):
+    """An example module, imported by path (examples/ is no package)."""
+    if EXAMPLES not in sys.path:
+        sys.path.insert(0, EXAMPLES)
+    return __import__(name)
+
+
+class Kit:
+    """An example's model, optimizer, data and strategy, from the example's own functions."""
+
+    module = ""
+
+    def __init__(self, args):
+        self.ex = _example(self.module)
+        self.sizes = SIZES[(args.model, args.quick)] + [
+            "-m", str(args.m), "--steps", str(args.warmup + args.steps)]
+        self.args = self.parse([])
+
+    def parse(self, extra: Sequence[str]):
+        return self.ex.parse_args(self.sizes + list(extra))
+
+    def describe(self) -> str:
+        return f"examples/{self.module}.py {' '.join(self.sizes)} ({self.args.optimizer})"
+
+
+class GptKit(Kit):
+    """Blocks on the stage meshes in model order (the engine or pipesplit re-places them for
+    vpp 2), a plain DataLoader, the example's SGD."""
+
+    module = "auto_parallel_pipeline"
+
+    def build(self, name: str, vpp: int):
+        import paddle
+        import paddle.distributed as dist
+
+        a = self.parse(["--schedule", name, "--vpp", str(vpp)])
+        world = dist.get_world_size()
+        meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
+        model = self.ex.build(a, [meshes[i * world // a.layers] for i in range(a.layers)])
+        opt = self.ex.make_optimizer(a, model.parameters())
+        loader = paddle.io.DataLoader(self.ex.TokenData(a.steps * a.batch, a.seq, a.vocab, a.seed),
+                                      batch_size=a.batch, shuffle=False)
+        return dist.to_static(model, loader, self.ex.lm_loss, opt, self.ex.make_strategy(a)), \
+            opt, loader
+
+    def reference_losses(self) -> List[List[float]]:
+        return self.ex.reference(self.args)[0]["losses"]
+
+
+class LlamaKit(Kit):
+    """dp 1, pp 2, mp 1: the example's global mesh, sharded loader, AdamW and LinearWarmup;
+    global-norm clipping off (see the module doc)."""
+
+    module = "llama_auto_parallel"
+
+    def __init__(self, args):
+        import numpy as np
+        import paddle.distributed as dist
+
+        dist.auto_parallel.set_mesh(dist.ProcessMesh(
+            np.arange(PP).reshape(1, PP, 1).tolist(), ["dp", "pp", "mp"]))
+        super().__init__(args)
+
+    def parse(self, extra: Sequence[str]):
+        import paddle.distributed as dist
+
+        a = super().parse(extra)
+        self.ex.check_degrees(a, dist.get_world_size())
+        return a
+
+    def build(self, name: str, vpp: int):
+        import paddle.distributed as dist
+
+        a = self.parse(["--schedule", name, "--vpp", str(vpp)])
+        model = self.ex.build(a, a.pp)
+        opt = self.ex.make_optimizer(a, model)
+        loader = self.ex.make_loader(a, self.ex.TokenData(a.steps * a.batch, a.seq, a.vocab,
+                                                          a.seed))
+        return dist.to_static(model, loader, self.ex.LlamaCriterion(distributed=True), opt,
+                              self.ex.make_strategy(a)), opt, loader
+
+    def reference_losses(self) -> List[List[float]]:
+        return self.ex.reference(self.args)[0]
+
+
+KITS = {"gpt": GptKit, "llama": LlamaKit}
+
+
+# =========================================================================== measuring
+
+class PassTimer:
+    """Wall time spent in the pipeline pass (and pipesplit's strategy check), summed over the
+    calls made while installed.  Installed around whatever the names hold at the time (Paddle's
+    or pipesplit's functions), after the strategy is switched for the engine and removed
+    before it is switched again (the patch door must never record the timer as Paddle's)."""
+
+    TARGETS = (("paddle.distributed.auto_parallel.static.engine", "pipeline_pass"),
+               ("paddle.distributed.auto_parallel.static.pir_pass", "pipeline_pass"),
+               ("pipesplit.passes.engine_hooks", "check_strategy"))
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._depth = 0  # a timed function calling another counts once
+        self._saved = []
+
+    def _wrap(self, function):
+        def timed(*args, **kwargs):
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - start
+        return timed
+
+    @contextlib.contextmanager
+    def installed(self):
+        import importlib
+
+        for module_name, attr in self.TARGETS:
+            module = importlib.import_module(module_name)
+            original = getattr(module, attr)
+            wrapper = self._wrap(original)
+            setattr(module, attr, wrapper)
+            self._saved.append((module, attr, original, wrapper))
+        try:
+            yield self
+        finally:
+            for module, attr, original, wrapper in reversed(self._saved):
+                if getattr(module, attr) is not wrapper:
+                    raise RuntimeError(f"{module.__name__}.{attr} was replaced while timed")
+                setattr(module, attr, original)
+            self._saved.clear()
+
+
+def use_impl(impl: str) -> None:
+    """Paddle's own engine passes (``disable_strategy``, as the examples' ``--paddle``) or
+    pipesplit's; both idempotent, outside any timed window."""
+    from pipesplit.passes import strategy
+
+    (strategy.disable_strategy if impl == "paddle" else strategy.enable_strategy)()
+
+
+class EngineRun:
+    """One (schedule, impl)'s DistModel with its own names and scope, stepped on demand."""
+
+    def __init__(self, kit, name: str, impl: str, vpp: int, batches, memory, barrier):
+        import paddle
+
+        self.name, self.impl, self.vpp, self.m = name, impl, vpp, kit.args.m
+        self.memory, self.barrier = memory, barrier
+        self.scope = paddle.static.Scope()
+        self.spans, self.losses, self.transient = [], [], []
+        use_impl(impl)
+        before = memory.settled_current()
+        timer = PassTimer()
+        started = time.perf_counter()
+        with self._guards(fresh=True), timer.installed():
+            self.dist_model, self.opt, loader = kit.build(name, vpp)
+            self.dist_model.train()
+            self.prepare_ms = (time.perf_counter() - started) * 1e3
+            self.batches = batches if batches is not None else [tuple(b) for b in loader]
+            self.step(0, timed=False)  # the first run may prepare the rest of the plan
+        self.pass_ms = timer.seconds * 1e3
+        self.resident = memory.settled_current() - before
+        self.schedule = self._built_schedule()
+
+    @contextlib.contextmanager
+    def _guards(self, fresh: bool = False):
+        """This engine's scope and name generator (fresh names at the build, as in a new
+        process; the same generator again for each step)."""
+        import paddle
+        from paddle.base import unique_name
+
+        with paddle.static.scope_guard(self.scope):
+            with paddle.utils.unique_name.guard(None if fresh else self.names):
+                if fresh:
+                    self.names = unique_name.generator
+                try:
+                    yield
+                finally:
+                    paddle.disable_static()  # a failed build may leave the static mode on
+
+    def _built_schedule(self):
+        """The schedule the engine runs: pipesplit's own plan, or (Paddle's pass) pipesplit's
+        schedule of the same name, for the simulator's figures."""
+        if self.impl == "pipesplit":
+            from pipesplit.passes.strategy import last_pipeline
+
+            return last_pipeline().schedule
+        from pipesplit.passes.config import PipelineConfig
+        from pipesplit.passes.core import make_schedule
+
+        return make_schedule(PipelineConfig.from_attrs(self.name, dict(
+            num_micro_batches=self.m, pp_degree=PP, vpp_degree=self.vpp)))
+
+    def step(self, index: int, timed: bool) -> None:
+        """Step ``index`` of this engine; both ranks meet in the barrier first."""
+        import numpy as np
+        import paddle
+
+        x, y = self.batches[index]
+        use_impl(self.impl)
+        with self._guards():
+            if timed:
+                self.memory.settled_current()  # the previous run's frees done
+                self.memory.reset_peak()
+                start_bytes = self.memory.current()
+            self.barrier()
+            t0 = time.monotonic()
+            loss = self.dist_model(x, y)
+            t1 = time.monotonic()
+            if timed:
+                self.spans.append((t0, t1))
+                self.transient.append(self.memory.peak() - start_bytes)
+        if loss is not None:
+            self.losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
+        if isinstance(self.opt._learning_rate, paddle.optimizer.lr.LRScheduler):
+            self.opt._learning_rate.step()
+
+    def result(self) -> dict:
+        return {"spans": self.spans, "losses": self.losses or None, "pass_ms": self.pass_ms,
+                "prepare_ms": self.prepare_ms,
+                "peak_bytes": int(self.resident + min(self.transient)),
+                "resident_bytes": int(self.resident), "transient_bytes": int(min(self.transient))}
+
+
+def simulated(schedule, vpp: int) -> dict:
+    """The simulator's figures for ``schedule``: unit costs per rank (a chunk of vpp 2 costs
+    1/2: F 1, B 2 = I 1 + W 1 per micro-batch per rank), peak in one rank's activations."""
+    from pipesplit.job_list import simulate
+    from pipesplit.job_list.costs import Costs
+
+    unit = 1.0 / vpp
+    sim = simulate(schedule, Costs(forward=unit, backward_b=unit, backward_w=unit))
+    return {"built": schedule.name, "sim_makespan": sim.makespan, "sim_bubble": sim.bubble_ratio,
+            "sim_peak_units": [u / vpp for u in sim.peak_memory]}
+
+
+def time_engines(args, kit, ranks) -> List[EngineRun]:
+    """Build every engine, then run warm-up and timed steps paired: step k of every engine
+    (order rotated by one per step) before step k + 1 of any."""
+    from pipesplit.ir_utils.measure import MemoryStats
+
+    memory, runs, batches = MemoryStats(), [], None
+    # one untimed engine per impl first (one-time costs would land on whichever came first)
+    primers = {impl: (name, vpp) for name, impl, vpp in reversed(args.entries)}
+    primed = [EngineRun(kit, name, impl, vpp, batches, memory, ranks.barrier)
+              for impl, (name, vpp) in primers.items()]  # kept: no engine torn down midway
+    batches = primed[0].batches
+    for name, impl, vpp in args.entries:
+        runs.append(EngineRun(kit, name, impl, vpp, batches, memory, ranks.barrier))
+        print(f"rank {ranks.rank}: built {name} ({impl}) in {runs[-1].prepare_ms:.0f} ms, pass "
+              f"{runs[-1].pass_ms:.1f} ms", file=sys.stderr, flush=True)
+    for step in range(1, args.warmup + args.steps):
+        shift = step % len(runs)
+        for run in runs[shift:] + runs[:shift]:
+            run.step(step, timed=step >= args.warmup)
+    return runs
+
+
+def worker(args) -> int:
+    from pipesplit.tools._console import quiet_paddle
+
+    quiet_paddle()
+    import paddle.distributed as dist
+    from paddle.distributed.communication.group import _get_global_group
+
+    from pipesplit.passes import cpu_support
+    from pipesplit.tools.bench_multirank import Ranks
+
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    if world != PP:
+        print(f"bench_engine worker: needs {PP} processes, got {world}", file=sys.stderr)
+        return 2
+    dist.init_parallel_env()
+    ranks = Ranks(dist.get_rank(), world, _get_global_group())
+    cpu_support.enable()  # both impls: a CPU build's gaps in the engine
+
+    kit = KITS[args.model](args)
+    runs = time_engines(args, kit, ranks)
+    gathered = [ranks.all_gather(run.result()) for run in runs]
+    sims = [simulated(run.schedule, run.vpp) for run in runs] if ranks.rank == 0 else None
+    has_reference = any((r.name, r.impl) == REFERENCE for r in runs)
+    reference = None if has_reference or ranks.rank != 0 else kit.reference_losses()
+    if ranks.rank == 0:
+        rows = [make_row(args, run, own, sim) for run, own, sim in zip(runs, gathered, sims)]
+        add_loss_diffs(rows, reference)
+        with open(args.result, "w") as f:
+            json.dump({"model": kit.describe(), "pp": PP, "m": args.m, "steps": args.steps,
+                       "warmup": args.warmup, "rows": rows}, f, indent=1)
+    ranks.leave()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip Paddle's teardown (the gloo context may block on a gone peer)
+
+
+def make_row(args, run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
+    steps = [(max(g["spans"][i][1] for g in gathered) - min(g["spans"][i][0] for g in gathered))
+             * 1e3 for i in range(args.steps)]
+    per_rank = {key: [g[key] for g in gathered] for key in gathered[0] if key != "losses"}
+    return {"schedule": run.name, "impl": run.impl, "vpp": run.vpp,
+            "step_ms": statistics.median(steps), "step_ms_spread": iqr(steps), "step_ms_all": steps,
+            **{key: per_rank[key] for key in ("peak_bytes", "resident_bytes", "transient_bytes")},
+            "pass_ms": max(per_rank["pass_ms"]), "pass_ms_per_rank": per_rank["pass_ms"],
+            "prepare_ms": max(per_rank["prepare_ms"]),
+            "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None), **sim}
+
+
+def iqr(values: Sequence[float]) -> float:
+    """Interquartile range (0 for a single value)."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [0] * 3
+    return q3 - q1
+
+
+def add_loss_diffs(rows: List[dict], reference: Optional[List[List[float]]]) -> None:
+    """``max_loss_diff`` of every row against Paddle's 1F1B row, else ``reference``."""
+    ref_row = next((r for r in rows if (r["schedule"], r["impl"]) == REFERENCE), None)
+    ref = ref_row["losses"] if ref_row is not None else reference
+    for row in rows:
+        row["loss_reference"] = "paddle 1F1B" if ref_row is not None else "example reference"
+        if row["losses"] is None or len(row["losses"]) != len(ref):
+            row["max_loss_diff"] = None
+            continue
+        row["max_loss_diff"] = max(abs(a - b) for ours, theirs in zip(row["losses"], ref)
+                                   for a, b in zip(ours, theirs))
+
+
+def goals(rows: List[dict]) -> Dict[str, dict]:
+    """Issue 21's goals, each ``{"met": bool or None, "text": ...}`` (None: a row missing)."""
+    find = {(r["schedule"], r["impl"]): r for r in rows}
+    out = {}
+    ours, theirs = find.get(("1F1B", "pipesplit")), find.get(("1F1B", "paddle"))
+    if ours and theirs:
+        ratio = ours["step_ms"] / theirs["step_ms"]
+        out["1f1b"] = {"met": ratio <= GOAL_1F1B_RATIO, "value": ratio,
+                       "text": f"pipesplit 1F1B <= {GOAL_1F1B_RATIO:g} x Paddle 1F1B: "
+                               f"{ours['step_ms']:.1f} / {theirs['step_ms']:.1f} ms = {ratio:.3f}"}
+    out["best"] = best_goal(rows)
+    passes = [(name, row["pass_ms"], find[(name, "paddle")]["pass_ms"]) for (name, impl), row
+              in find.items() if impl == "pipesplit" and (name, "paddle") in find]
+    if passes:
+        out["pass"] = {"met": all(a <= b for _, a, b in passes),
+                       "text": "pipesplit pass time <= Paddle's, same schedule: " + ", ".join(
+                           f"{n} {a:.1f} vs {b:.1f} ms" for n, a, b in passes)}
+    return out
+
+
+def best_goal(rows: List[dict]) -> dict:
+    """The fastest pipesplit row whose peak is no more than the fastest Paddle row's on every
+    rank, against GOAL_BEST_RATIO x that Paddle row."""
+    paddle_rows = [r for r in rows if r["impl"] == "paddle"]
+    ours = [r for r in rows if r["impl"] == "pipesplit"]
+    if not paddle_rows or not ours:
+        return {"met": None, "text": "pipesplit best vs Paddle best: needs both impls"}
+    theirs = min(paddle_rows, key=lambda r: r["step_ms"])
+    fitting = [r for r in ours
+               if all(a <= b for a, b in zip(r["peak_bytes"], theirs["peak_bytes"]))]
+    head = (f"pipesplit best <= {GOAL_BEST_RATIO:g} x Paddle best ({theirs['schedule']} "
+            f"{theirs['step_ms']:.1f} ms, peak {fmt_bytes(theirs['peak_bytes'])})")
+    if not fitting:
+        fastest = min(ours, key=lambda r: r["step_ms"])
+        return {"met": False, "text": f"{head} at no more peak: no pipesplit schedule fits "
+                f"(fastest {fastest['schedule']} {fastest['step_ms']:.1f} ms, peak "
+                f"{fmt_bytes(fastest['peak_bytes'])})"}
+    best = min(fitting, key=lambda r: r["step_ms"])
+    ratio = best["step_ms"] / theirs["step_ms"]
+    return {"met": ratio <= GOAL_BEST_RATIO, "value": ratio,
+            "text": f"{head} at no more peak: {best['schedule']} {best['step_ms']:.1f} ms "
+                    f"(peak {fmt_bytes(best['peak_bytes'])}) = {ratio:.3f}"}
+
+
+def fmt_bytes(values) -> str:
+    return "/".join(f"{v / 2 ** 20:.2f}M" for v in values)
+
+
+def table(head: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
+    widths = [max(len(x[i]) for x in [head] + list(body)) for i in range(len(head))]
+    lines = []
+    for i, row in enumerate([head] + list(body)):
+        lines.append("  ".join(x.ljust(w) if j < 2 else x.rjust(w)
+                               for j, (x, w) in enumerate(zip(row, widths))).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def format_report(report: dict) -> str:
+    rows = report["rows"]
+    base = next((r for r in rows if (r["schedule"], r["impl"]) == REFERENCE), None)
+    lines = [f"{report['model']}; pp={report['pp']} m={report['m']}, median of {report['steps']} "
+             f"paired steps after {report['warmup']} warm-up, 2 processes x 1 thread",
+             "peak MiB per rank (rank0/rank1) = resident (engine's allocated bytes after its "
+             "first step) + transient step peak, Paddle's host allocator stats"]
+    head = ("schedule", "impl", "step ms", "IQR ms", "/ P1F1B", "peak MiB", "pass ms",
+            "loss diff")
+    body = [(r["schedule"], r["impl"], f"{r['step_ms']:.1f}", f"{r['step_ms_spread']:.1f}",
+             f"{r['step_ms'] / base['step_ms']:.3f}" if base else "-", fmt_bytes(r["peak_bytes"]),
+             f"{r['pass_ms']:.1f}",
+             "-" if r["max_loss_diff"] is None else f"{r['max_loss_diff']:.1e}") for r in rows]
+    lines += table(head, body)
+    lines.append(f"loss diff against {rows[0]['loss_reference']}")
+    results = report["goals"]
+    for goal in results.values():
+        mark = {True: "PASS", False: "MISS", None: "n/a"}[goal["met"]]
+        lines.append(f"{mark}  {goal['text']}")
+    if any(g["met"] is False for g in results.values()):
+        lines += explain(rows, base)
+    return "\n".join(lines)
+
+
+def explain(rows: List[dict], base: Optional[dict]) -> List[str]:
+    """What the misses come from: measured against simulated (unit costs) per row."""
+    sim_base = next((r for r in rows if r["schedule"] == "1F1B"), None)  # either impl: same order
+    head = ("schedule", "impl", "meas / P1F1B", "sim / 1F1B", "sim bubble", "sim peak units",
+            "meas peak / P1F1B", "resident MiB", "transient MiB")
+    body = [(r["schedule"], r["impl"], f"{r['step_ms'] / base['step_ms']:.3f}" if base else "-",
+             f"{r['sim_makespan'] / sim_base['sim_makespan']:.3f}" if sim_base else "-",
+             f"{r['sim_bubble']:.1%}", "/".join(f"{u:g}" for u in r["sim_peak_units"]),
+             "/".join(f"{a / b:.2f}" for a, b in zip(r["peak_bytes"], base["peak_bytes"]))
+             if base else "-", fmt_bytes(r["resident_bytes"]), fmt_bytes(r["transient_bytes"]))
+            for r in rows]
+    return ["", "why (simulator: unit costs F 1, I 1, W 1, no comm; measured: this run):"] + \
+        table(head, body)
+
+
+# =========================================================================== parent
+
+def launch(args, argv: Sequence[str]) -> dict:
+    """Run the workers under paddle.distributed.launch; return rank 0's report."""
+    with tempfile.TemporaryDirectory(prefix="pipesplit-bench-engine-") as tmp:
+        log_dir = args.log_dir or os.path.join(tmp, "logs")
+        result = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
+               "--log_dir", log_dir, os.path.realpath(__file__), "--worker", "--result", result,
+               *argv]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
+                              env=dict(os.environ, **ONE_THREAD_ENV), timeout=LAUNCH_TIMEOUT_S)
+        if proc.returncode != 0 or not os.path.exists(result):
+            logs = "".join(f"--- workerlog.{r} (end)\n{_tail(log_dir, r)}\n" for r in range(PP))
+            raise RuntimeError(f"the workers failed (launcher exit code {proc.returncode}):\n"
+                               f"{proc.stderr[-2000:]}\n{logs}")
+        with open(result) as f:
+            return json.load(f)
+
+
+def _tail(log_dir: str, rank: int, chars: int = 3000) -> str:
+    path = Path(log_dir) / f"workerlog.{rank}"
+    return path.read_text()[-chars:] if path.exists() else "(none)"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = make_parser().parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as exc:
+        print(f"bench_engine: error: {exc}", file=sys.stderr)
+        return 2
+    if args.worker:
+        return worker(args)
+    from pipesplit.tools.bench_multirank import _without
+
+    t0 = time.perf_counter()
+    report = launch(args, _without(argv, ("--json", "--log-dir")))
+    report["goals"] = goals(report["rows"])
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(format_report(report))
+    print(f"({report['wall_s']:.0f} s in all)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
