@@ -28,14 +28,14 @@ from __future__ import annotations
 from ._paddle import require_supported_paddle
 from .engine_hooks import last_pipeline, pipeline_pass
 from .strategy_config import (check_strategy, config_from_strategy, pipe_from_strategy,
-                              record_pipe, requested_schedule)
+                              record_pipe, requested_schedule, use_costs)
 from . import paddle_patches, registration
 
 require_supported_paddle()
 
 __all__ = ["check_strategy", "config_from_strategy", "disable_strategy", "enable_strategy",
            "is_strategy_enabled", "last_pipeline", "pipe_from_strategy", "pipeline_pass",
-           "record_pipe", "requested_schedule"]
+           "record_pipe", "requested_schedule", "use_costs"]
 
 _GROUP = "engine"
 _registration_was_enabled = False

@@ -3,8 +3,10 @@ for, the schedule the user named, and this process's pipeline (:class:`Pipe`) fr
 stage meshes.  Only translation: nothing here replaces a Paddle name."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
+from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe, pipe_of
 
 from .config import PipelineConfig
@@ -16,6 +18,7 @@ ENGINE_MODE = "VPP"
 REQUESTED_ATTR = "_pipesplit_schedule"
 _PIPE = "_pipesplit_pipe"
 _CHECKED = "_pipesplit_checked_schedule"
+_COSTS = "_pipesplit_costs"
 _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
 
 
@@ -72,13 +75,39 @@ def requested_schedule(pipeline_strategy) -> str:
     return str(getattr(pipeline_strategy, REQUESTED_ATTR, None) or pipeline_strategy.schedule_mode)
 
 
+def use_costs(strategy, costs) -> None:
+    """Give the schedule built through the engine measured job costs: ``auto`` / ``autoV``
+    search with them, every schedule's lowering and simulation use them.  ``costs``: a
+    :class:`~pipesplit.job_list.Costs`, its dict, or the path of a cost file (what
+    ``pipesplit profile`` writes).  ``strategy``: the ``dist.Strategy`` (or its ``pipeline``
+    section) given to ``dist.to_static``, before that call."""
+    pipeline = getattr(strategy, "pipeline", strategy)
+    if not hasattr(pipeline, "schedule_mode"):
+        raise TypeError(f"strategy must be a paddle.distributed.Strategy or its pipeline "
+                        f"section, got {type(strategy).__name__}")
+    if isinstance(costs, (str, os.PathLike)):
+        path = os.fspath(costs)
+        if not os.path.isfile(path):
+            raise ValueError(f"costs: no cost file {path!r} (`pipesplit profile ... --json "
+                             "FILE` writes one)")
+        costs = Costs.load(path)
+    elif isinstance(costs, dict):
+        costs = Costs.from_dict(costs)
+    elif not isinstance(costs, Costs):
+        raise TypeError(f"costs must be a Costs, a dict or the path of a cost file, got "
+                        f"{type(costs).__name__}")
+    setattr(pipeline, _COSTS, costs)
+
+
 def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
-    """The :class:`PipelineConfig` for Paddle's ``Strategy().pipeline`` section."""
+    """The :class:`PipelineConfig` for Paddle's ``Strategy().pipeline`` section (with the
+    costs :func:`use_costs` gave it)."""
     pp = int(pipeline_strategy.pp_degree)
     attrs = dict(num_micro_batches=int(pipeline_strategy.accumulate_steps),
                  pp_degree=pp, vpp_degree=int(pipeline_strategy.vpp_degree),
                  split_backward=bool(pipeline_strategy.split_backward),
-                 pp_stage=_pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage)
+                 pp_stage=_pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage,
+                 costs=getattr(pipeline_strategy, _COSTS, None))
     try:
         return PipelineConfig.from_attrs(requested_schedule(pipeline_strategy), attrs)
     except ValueError as e:

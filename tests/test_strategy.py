@@ -1,6 +1,8 @@
 """The strategy hook: Paddle's auto-parallel ``pipeline_pass`` routed to pipesplit."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -89,3 +91,40 @@ def test_engine_strategy_errors_name_the_field():
     with pytest.raises(ValueError, match=r"^strategy.pipeline: unknown schedule 'NoSuch'"):
         ps_strategy.check_strategy(_pipeline_strategy("NoSuch"))
     assert ps_strategy.check_strategy(_pipeline_strategy("zb-v", vpp=2)).schedule == "ZBV"
+
+
+COST_FILE = Path(__file__).resolve().parent / "data" / "profiled_mlp_pp2_vpp1.json"
+
+
+def test_a_cost_file_given_to_the_strategy_steers_auto(enabled):
+    """``use_costs(strategy, FILE)``: the engine's schedule is searched with the measured costs
+    (the strategy check and the pass), not the defaults."""
+    from pipesplit.job_list import Costs
+
+    strategy = paddle.distributed.Strategy()
+    for field, value in (("enable", True), ("schedule_mode", "auto"), ("pp_degree", 2),
+                         ("vpp_degree", 1), ("accumulate_steps", 4)):
+        setattr(strategy.pipeline, field, value)
+    ps_strategy.use_costs(strategy, str(COST_FILE))
+    measured = Costs.load(str(COST_FILE))
+    assert ps_strategy.check_strategy(strategy.pipeline).costs == measured
+    built = build_gpt(num_stages=2, hidden=16, batch_size=8, seed=3)
+    ps_strategy.pipeline_pass([built.main], [built.main], strategy.pipeline)
+    pipeline = ps_strategy.last_pipeline()
+    assert pipeline.config.costs == measured and pipeline.schedule.options["costs"] == measured
+    default = ps_strategy.config_from_strategy(_pipeline_strategy("auto", vpp=1, m=4))
+    assert default.costs is None
+
+
+@pytest.mark.parametrize("costs,error,message", [
+    (3, TypeError, "costs must be a Costs, a dict or the path of a cost file, got int"),
+    ("no/such/costs.json", ValueError, "costs: no cost file 'no/such/costs.json'"),
+    ({"forward": 1}, ValueError, "costs lack"),
+])
+def test_bad_costs_for_the_strategy_are_refused(costs, error, message):
+    strategy = paddle.distributed.Strategy()
+    with pytest.raises(error, match=message):
+        ps_strategy.use_costs(strategy, costs)
+    assert not hasattr(strategy.pipeline, "_pipesplit_costs")
+    with pytest.raises(TypeError, match="strategy must be a paddle.distributed.Strategy"):
+        ps_strategy.use_costs(object(), str(COST_FILE))
