@@ -44,11 +44,8 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
@@ -67,10 +64,6 @@ REFERENCE = ("1F1B", "paddle")
 #: issue 21's goals
 GOAL_1F1B_RATIO = 1.02     # pipesplit 1F1B step <= this x Paddle 1F1B step
 GOAL_BEST_RATIO = 0.90     # pipesplit best <= this x Paddle best, at no more peak per rank
-#: one thread per rank (as tools/bench_multirank.py)
-ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                  "FLAGS_paddle_num_threads": "1", "FLAGS_new_executor_serial_run": "1",
-                  "GLOG_minloglevel": "2"}
 #: the examples' size options: compute-bound (a job of tens of ms, far above the executor's
 #: per-op cost) and --quick (the examples' test sizes)
 _COMPUTE_BOUND = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab",
@@ -382,21 +375,13 @@ def time_engines(args, kit, ranks) -> List[EngineRun]:
 
 
 def worker(args) -> int:
-    from pipesplit.tools._console import quiet_paddle
+    from pipesplit.tools.bench_multirank import join_workers
 
-    quiet_paddle()
-    import paddle.distributed as dist
-    from paddle.distributed.communication.group import _get_global_group
-
-    from pipesplit.passes import cpu_support
-    from pipesplit.tools.bench_multirank import Ranks
-
-    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-    if world != PP:
-        print(f"bench_engine worker: needs {PP} processes, got {world}", file=sys.stderr)
+    ranks = join_workers("bench_engine")
+    if ranks is None:
         return 2
-    dist.init_parallel_env()
-    ranks = Ranks(dist.get_rank(), world, _get_global_group())
+    from pipesplit.passes import cpu_support
+
     cpu_support.enable()  # both impls: a CPU build's gaps in the engine
 
     kit = KITS[args.model](args)
@@ -550,25 +535,9 @@ def explain(rows: List[dict], base: Optional[dict]) -> List[str]:
 
 def launch(args, argv: Sequence[str]) -> dict:
     """Run the workers under paddle.distributed.launch; return rank 0's report."""
-    with tempfile.TemporaryDirectory(prefix="pipesplit-bench-engine-") as tmp:
-        log_dir = args.log_dir or os.path.join(tmp, "logs")
-        result = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
-               "--log_dir", log_dir, os.path.realpath(__file__), "--worker", "--result", result,
-               *argv]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
-                              env=dict(os.environ, **ONE_THREAD_ENV), timeout=LAUNCH_TIMEOUT_S)
-        if proc.returncode != 0 or not os.path.exists(result):
-            logs = "".join(f"--- workerlog.{r} (end)\n{_tail(log_dir, r)}\n" for r in range(PP))
-            raise RuntimeError(f"the workers failed (launcher exit code {proc.returncode}):\n"
-                               f"{proc.stderr[-2000:]}\n{logs}")
-        with open(result) as f:
-            return json.load(f)
+    from pipesplit.tools.bench_multirank import launch_workers
 
-
-def _tail(log_dir: str, rank: int, chars: int = 3000) -> str:
-    path = Path(log_dir) / f"workerlog.{rank}"
-    return path.read_text()[-chars:] if path.exists() else "(none)"
+    return launch_workers(__file__, argv, args.log_dir, LAUNCH_TIMEOUT_S)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -53,7 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     # the script's folder would shadow modules (tools/profile.py the standard library's
@@ -311,20 +312,12 @@ def baseline_losses(args, num_stages: int) -> List[List[float]]:
 
 
 def worker(args) -> int:
-    from pipesplit.tools._console import quiet_paddle
-
-    quiet_paddle()
-    import paddle
-    import paddle.distributed as dist
-    from paddle.distributed.communication.group import _get_global_group
-
-    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-    if world != PP:
-        print(f"bench_multirank worker: needs {PP} processes, got {world}", file=sys.stderr)
+    ranks = join_workers("bench_multirank")
+    if ranks is None:
         return 2
-    dist.init_parallel_env()
-    rank = dist.get_rank()
-    ranks = Ranks(rank, world, _get_global_group())
+    import paddle
+
+    rank = ranks.rank
 
     def log(text):
         print(text, file=sys.stderr, flush=True)
@@ -485,26 +478,48 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
 
 def launch(args, argv: Sequence[str]) -> dict:
     """Run the workers under paddle.distributed.launch; return rank 0's report."""
-    with tempfile.TemporaryDirectory(prefix="pipesplit-bench-multirank-") as tmp:
-        log_dir = args.log_dir or os.path.join(tmp, "logs")
+    return launch_workers(__file__, argv, args.log_dir, args.timeout)
+
+
+def launch_workers(script: str, argv: Sequence[str], log_dir: Optional[str],
+                   timeout: float) -> dict:
+    """Run ``script --worker --result FILE argv`` on :data:`PP` processes under
+    paddle.distributed.launch, one thread each; rank 0's result (the JSON it writes to FILE).
+    The benchmarks of two processes (this one, ``tools/bench_engine.py``) share it."""
+    name = os.path.splitext(os.path.basename(script))[0]
+    with tempfile.TemporaryDirectory(prefix=f"pipesplit-{name}-") as tmp:
+        log_dir = log_dir or os.path.join(tmp, "logs")
         result = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
-               "--log_dir", log_dir, os.path.abspath(__file__), "--worker", "--result", result,
+               "--log_dir", log_dir, os.path.realpath(script), "--worker", "--result", result,
                *argv]
         env = dict(os.environ, **ONE_THREAD_ENV)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp,
-                              timeout=args.timeout)
+                              timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(result):
-            logs = ""
-            for r in range(PP):
-                path = os.path.join(log_dir, f"workerlog.{r}")
-                if os.path.exists(path):
-                    with open(path) as f:
-                        logs += f"--- workerlog.{r} (end)\n{f.read()[-3000:]}\n"
+            logs = "".join(f"--- {p.name} (end)\n{p.read_text()[-3000:]}\n" for p in
+                           (Path(log_dir, f"workerlog.{r}") for r in range(PP)) if p.exists())
             raise RuntimeError(f"the workers failed (launcher exit code {proc.returncode}):\n"
                                f"{proc.stderr[-2000:]}\n{logs}")
         with open(result) as f:
             return json.load(f)
+
+
+def join_workers(tool: str) -> Optional[Ranks]:
+    """A worker's start: Paddle quiet, the process group joined, this process's
+    :class:`Ranks`; None (after saying why) when the launch has not :data:`PP` processes."""
+    from pipesplit.tools._console import quiet_paddle
+
+    quiet_paddle()
+    import paddle.distributed as dist
+    from paddle.distributed.communication.group import _get_global_group
+
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    if world != PP:
+        print(f"{tool} worker: needs {PP} processes, got {world}", file=sys.stderr)
+        return None
+    dist.init_parallel_env()
+    return Ranks(dist.get_rank(), world, _get_global_group())
 
 
 def format_report(report: dict) -> str:
