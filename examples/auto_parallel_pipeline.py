@@ -270,6 +270,9 @@ def make_strategy(args):
     pipeline.accumulate_steps = args.m
     pipeline.micro_batch_size = args.batch // args.m
     pipeline.split_backward = args.split_backward
+    if args.costs and not args.paddle:  # auto searches with these, and measures nothing
+        from pipesplit.passes import strategy as pipesplit_strategy
+        pipesplit_strategy.use_costs(strategy, args.costs)
     return strategy
 
 
@@ -328,6 +331,9 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-dir", default=None,
                    help="where each rank writes rank<r>.pdparams for --resume-at (default: a "
                         "temporary directory per rank, removed after loading)")
+    p.add_argument("--costs", metavar="FILE",
+                   help="measured job costs for the schedule (what `pipesplit profile --json` "
+                        "writes); without it auto measures step 1 and re-plans once")
     p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
     p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
@@ -411,7 +417,8 @@ def main(argv=None) -> int:
     holds_loss = bool(got["losses"] or got["eval_losses"])
     mine = {"rank": rank, "max_param_diff": max(diffs, default=0.0), "num_params": len(diffs),
             "losses": {k: got[k] for k in ("losses", "eval_losses")} if holds_loss else None,
-            "eval_param_change": eval_change, "predict_diff": predict_diff}
+            "eval_param_change": eval_change, "predict_diff": predict_diff,
+            "replanned": None if args.paddle else replan_record(dist_model)}
     everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
     holder = next(r for r in everyone if r["losses"] is not None)
     if rank == holder["rank"]:
@@ -427,6 +434,7 @@ def main(argv=None) -> int:
                   "predict_max_diff": max(predicted) if predicted else None,
                   "eval_param_change": max(r["eval_param_change"] for r in everyone),
                   "max_param_diff": max(r["max_param_diff"] for r in everyone),
+                  "replanned": [r["replanned"] for r in everyone],
                   "params_compared": sum(r["num_params"] for r in everyone),
                   "max_loss_diff": max(abs(a - b) for o, t in zip(ours, theirs)
                                        for a, b in zip(o, t))}
@@ -440,6 +448,20 @@ def main(argv=None) -> int:
     # rank 0 hosts the store: keep it until all are done
     exchange(rank, world, {}, key=f"{args.tag}/done")
     return 0
+
+
+def replan_record(dist_model):
+    """This rank's re-plan (``auto`` re-plans once with the costs it measured), or None."""
+    from pipesplit.passes import strategy as pipesplit_strategy
+
+    done = pipesplit_strategy.replanned(dist_model)
+    if done is None:
+        return None
+    return {"step": done.step, "costs": done.costs.to_dict(),
+            "before": done.before.schedule.options.get("source", done.before.schedule.name),
+            "after": done.after.schedule.options.get("source", done.after.schedule.name),
+            "before_order": [list(j) for j in done.before.job_order],
+            "after_order": [list(j) for j in done.after.job_order]}
 
 
 def local_parameters(dist_model):

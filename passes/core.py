@@ -44,6 +44,8 @@ class PipelinePlan:
     comm_progress: Optional[object] = None
     # the latency model's times of ``schedule`` under the config's costs (steered the lowering)
     timing: Optional[SimResult] = None
+    # the engine path: the engine's program the plan was built from (a re-plan builds again)
+    source_program: Optional[object] = None
 
     def simulate(self, costs=None) -> SimResult:
         """The schedule's simulated times: the plan's own for the config's costs (latency

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 from pipesplit.ir_utils.comm_progress import failure_reason
@@ -23,8 +24,8 @@ from .loader_checks import check_labels_are_class_ids, check_loader
 from .pipeline import split_and_schedule
 from .strategy_checks import check_engine_strategy, check_no_gradient_merge
 from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, checked_schedule,
-                              config_from_strategy, pipe_from_strategy, record_pipe,
-                              requested_schedule)
+                              config_from_strategy, measured_step, pipe_from_strategy,
+                              record_pipe, requested_schedule)
 
 _last: Optional[PipelinePlan] = None
 #: the stage meshes while Paddle's chunk completion runs (see :func:`stage_by_mesh`)
@@ -34,6 +35,11 @@ _SHARDED_LOADER = "_pipesplit_sharded_loader"
 _MODE_STATE = "_pipesplit_mode_state"
 _PROGRESS = "_pipesplit_comm_progress"
 _STEPS = "_pipesplit_steps"
+_PIPELINES = "_pipesplit_pipelines"
+_TRAIN_STEPS = "_pipesplit_train_steps"
+#: what :func:`measure_and_replan` measured and built: :class:`Replanned`
+REPLANNED = "_pipesplit_replanned"
+_exchanges = [0]  # per process: every process measures (and exchanges) the same steps
 #: what the engine keeps ONE copy of for all modes (a prediction's specs have no labels, its
 #: fetched value another name)
 _SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inputs", "_labels",
@@ -70,6 +76,7 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
         _last = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
                                        pipe_from_strategy(pipeline_strategy),
                                        built=checked_schedule(pipeline_strategy, config))
+        _last.source_program = main
     else:
         _last = split_and_schedule(main, _single(dense_startup_program, ""), config,
                                    built=checked_schedule(pipeline_strategy, config))
@@ -153,6 +160,7 @@ def keep_plan_per_mode(original):
         result = original(self, mode, *args, **kwargs)
         if self._job_plan is not None and self._strategy.pipeline.enable:
             self.__dict__.setdefault(_PLANS, {})[mode] = self._job_plan
+            self.__dict__.setdefault(_PIPELINES, {})[mode] = _last
             self.__dict__.setdefault(_PROGRESS, {})[mode] = getattr(_last, "comm_progress", None)
             self.__dict__.setdefault(_MODE_STATE, {})[mode] = {
                 key: getattr(self, key) for key in _SHARED_BY_MODES}
@@ -183,6 +191,91 @@ def name_a_failed_step(original):
                 f"pipesplit: rank {paddle.distributed.get_rank()} failed in {mode} step {step} "
                 f"after {time.monotonic() - started:.1f} s, waiting in {progress.where(scope)}: "
                 f"{failure_reason(exc)}") from exc
+    return run
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """One re-plan of an engine's training plan."""
+
+    step: Optional[int]       # the training step measured (None: costs given to replan())
+    costs: object             # pipesplit.job_list.Costs the plan was built with
+    before: PipelinePlan
+    after: PipelinePlan
+
+
+def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
+    """Build ``engine``'s training plan again from the engine's program with ``costs``
+    (:class:`~pipesplit.job_list.Costs`; ``auto`` / ``autoV`` search again, every lowering
+    uses them) and run it from the next training step on.  Every process must call it
+    between the same two steps, with the same costs.  Returns the new plan."""
+    from dataclasses import replace
+
+    from pipesplit.job_list.costs import Costs
+
+    if not isinstance(costs, Costs):
+        raise TypeError(f"costs must be a pipesplit.job_list.Costs, got {type(costs).__name__}")
+    before = engine.__dict__.get(_PIPELINES, {}).get("train")
+    if before is None or before.source_program is None:
+        raise ValueError("replan: this engine has no pipesplit training plan built from the "
+                         "engine's program yet (run a training step first)")
+    if engine._strategy.fused_passes.fused_passes_list:
+        raise ValueError("replan: strategy.fused_passes.fused_passes_list is set; the engine "
+                         "ran those passes on the first plan's programs, which a re-plan "
+                         "would not repeat")
+    costs.check_stages(before.config.num_stages)
+    import paddle
+
+    pipeline = engine._strategy.pipeline
+    with paddle.base.framework._dygraph_guard(None):  # programs are built in static mode
+        after = build_engine_rank_plan(before.source_program,
+                                       replace(before.config, costs=costs),
+                                       backend_for(resolve_device("auto")),
+                                       pipe_from_strategy(pipeline))
+    after.source_program = before.source_program
+    engine.__dict__[_PIPELINES]["train"] = after
+    engine.__dict__[_PLANS]["train"] = after.plan
+    engine.__dict__.setdefault(_PROGRESS, {})["train"] = after.comm_progress
+    if engine._mode == "train":
+        engine._job_plan = after.plan
+        engine._executor._set_plan(after.plan)
+    _forget_executors(engine._executor)
+    engine.__dict__[REPLANNED] = Replanned(step, costs, before, after)
+    return after
+
+
+def _forget_executors(executor) -> None:
+    """Drop the executor's cached standalone executors: its cache keys on the program, feed
+    and fetches, not on the plan (a rank that fetches nothing would run the old plan), and
+    ``clear()`` empties only the cache of the old IR."""
+    cache = executor._executor_cache
+    cache.clear()
+    cache._get_cached_program_and_executor_pir_mode.cache_clear()
+
+
+def measure_and_replan(original):
+    """``Engine.run``: the training step :func:`~.strategy_config.measured_step` names runs
+    under Paddle's profiler; every process's job times become the costs all of them re-plan
+    with (:mod:`pipesplit.passes.replan`), once."""
+    def run(self, *args, **kwargs):
+        mode = kwargs.get("mode") or self._mode
+        if mode != "train" or not self._strategy.pipeline.enable:
+            return original(self, *args, **kwargs)
+        step = self.__dict__.get(_TRAIN_STEPS, -1) + 1
+        self.__dict__[_TRAIN_STEPS] = step
+        if step != measured_step(self._strategy.pipeline) or \
+                self.__dict__.get(_PIPELINES, {}).get("train") is None:
+            return original(self, *args, **kwargs)
+        from .replan import costs_from, profile_jobs, rank_measurement, share
+
+        logs, jobs = profile_jobs(lambda: original(self, *args, **kwargs))
+        before = self.__dict__[_PIPELINES]["train"]
+        key = f"pipesplit/measured/{_exchanges[0]}"
+        _exchanges[0] += 1
+        everyone = share(rank_measurement(jobs, before.config), key)
+        comm_mode = "rendezvous" if backend_for(resolve_device("auto")) == "gloo" else "latency"
+        replan(self, costs_from(everyone, before.config.num_stages, comm_mode), step)
+        return logs
     return run
 
 

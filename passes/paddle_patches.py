@@ -178,6 +178,8 @@ PATCHES = (
     Patch(f"{_ENGINE}.Engine", "__init__", engine_hooks.engine_init, "engine"),
     Patch(f"{_ENGINE}.Engine", "_prepare_program", engine_hooks.keep_plan_per_mode, "engine"),
     Patch(f"{_ENGINE}.Engine", "to_mode", engine_hooks.switch_to_the_mode_plan, "engine"),
+    # the re-plan inside: a failure while measuring is named too
+    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.measure_and_replan, "engine"),
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.name_a_failed_step, "engine"),
     Patch(f"{_ENGINE}.Engine", "prepare", engine_hooks.whole_batch_spec, "engine"),
     Patch(f"{_ENGINE}.Engine", "_build", engine_hooks.name_the_prediction, "engine"),

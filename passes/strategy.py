@@ -26,16 +26,18 @@ translation :mod:`pipesplit.passes.strategy_config`.
 from __future__ import annotations
 
 from ._paddle import require_supported_paddle
-from .engine_hooks import last_pipeline, pipeline_pass
-from .strategy_config import (check_strategy, config_from_strategy, pipe_from_strategy,
-                              record_pipe, requested_schedule, use_costs)
+from .engine_hooks import REPLANNED, Replanned, last_pipeline, pipeline_pass
+from .engine_hooks import replan as _replan_engine
+from .strategy_config import (check_strategy, config_from_strategy, measure_costs,
+                              pipe_from_strategy, record_pipe, requested_schedule, use_costs)
 from . import paddle_patches, registration
 
 require_supported_paddle()
 
-__all__ = ["check_strategy", "config_from_strategy", "disable_strategy", "enable_strategy",
-           "is_strategy_enabled", "last_pipeline", "pipe_from_strategy", "pipeline_pass",
-           "record_pipe", "requested_schedule", "use_costs"]
+__all__ = ["Replanned", "check_strategy", "config_from_strategy", "disable_strategy",
+           "enable_strategy", "is_strategy_enabled", "last_pipeline", "measure_costs",
+           "pipe_from_strategy", "pipeline_pass", "record_pipe", "replan", "replanned",
+           "requested_schedule", "use_costs"]
 
 _GROUP = "engine"
 _registration_was_enabled = False
@@ -65,3 +67,26 @@ def disable_strategy() -> None:
 
 def is_strategy_enabled() -> bool:
     return paddle_patches.is_enabled(_GROUP)
+
+
+def _engine_of(dist_model):
+    engine = getattr(dist_model, "_engine", dist_model)
+    if not hasattr(engine, "_strategy") or not hasattr(engine, "_executor"):
+        raise TypeError(f"dist_model must be what dist.to_static returned (a DistModel), got "
+                        f"{type(dist_model).__name__}")
+    return engine
+
+
+def replan(dist_model, costs):
+    """Build the training plan of ``dist_model`` (what ``dist.to_static`` returned) again with
+    ``costs`` (a :class:`~pipesplit.job_list.Costs`) and train with it from the next step on;
+    every process calls it between the same two steps.  Returns the new
+    :class:`~pipesplit.passes.core.PipelinePlan`.  ``auto`` does this by itself once with
+    the costs it measures (:func:`measure_costs`)."""
+    return _replan_engine(_engine_of(dist_model), costs)
+
+
+def replanned(dist_model):
+    """The last re-plan of ``dist_model``'s training plan (:class:`Replanned`: the step
+    measured, the costs, the plans before and after), or None."""
+    return _engine_of(dist_model).__dict__.get(REPLANNED)

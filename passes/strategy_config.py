@@ -10,6 +10,7 @@ from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe, pipe_of
 
 from .config import PipelineConfig
+from .replan import MEASURED_STEP
 
 #: the name the engine's own tests of ``schedule_mode == "VPP"`` (chunk completion, its chunk
 #: check, the loss fetch from ``forward{vpp-1}``) must see while pipesplit serves the pipeline
@@ -19,6 +20,8 @@ REQUESTED_ATTR = "_pipesplit_schedule"
 _PIPE = "_pipesplit_pipe"
 _CHECKED = "_pipesplit_checked_schedule"
 _COSTS = "_pipesplit_costs"
+_MEASURE = "_pipesplit_measure_step"
+_DEFAULT = "default"
 _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
 
 
@@ -81,10 +84,7 @@ def use_costs(strategy, costs) -> None:
     :class:`~pipesplit.job_list.Costs`, its dict, or the path of a cost file (what
     ``pipesplit profile`` writes).  ``strategy``: the ``dist.Strategy`` (or its ``pipeline``
     section) given to ``dist.to_static``, before that call."""
-    pipeline = getattr(strategy, "pipeline", strategy)
-    if not hasattr(pipeline, "schedule_mode"):
-        raise TypeError(f"strategy must be a paddle.distributed.Strategy or its pipeline "
-                        f"section, got {type(strategy).__name__}")
+    pipeline = _pipeline_section(strategy)
     if isinstance(costs, (str, os.PathLike)):
         path = os.fspath(costs)
         if not os.path.isfile(path):
@@ -97,6 +97,53 @@ def use_costs(strategy, costs) -> None:
         raise TypeError(f"costs must be a Costs, a dict or the path of a cost file, got "
                         f"{type(costs).__name__}")
     setattr(pipeline, _COSTS, costs)
+
+
+def measure_costs(strategy, step: Optional[int] = MEASURED_STEP) -> None:
+    """Measure every rank's jobs during training step ``step`` (0-based) through the engine
+    and build the training plan again once with the costs measured (see
+    :mod:`pipesplit.passes.replan`); ``step=None`` measures nothing.  By default ``auto`` /
+    ``autoV`` measure step :data:`~pipesplit.passes.replan.MEASURED_STEP` on a CPU build when
+    :func:`use_costs` gave no costs; other schedules measure nothing (their order does not
+    depend on costs).  Host-side job times stand for the jobs' costs only on CPU: on a
+    CUDA build give a cost file (:func:`use_costs`) instead."""
+    pipeline = _pipeline_section(strategy)
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"step must be an int or None, got {type(step).__name__}")
+        if step < 0:
+            raise ValueError(f"step must be >= 0 (a 0-based training step), got {step}")
+        if _on_cuda():
+            raise ValueError("measure_costs: host times of CUDA jobs are not their costs; on a "
+                             "CUDA build give measured costs with use_costs(strategy, FILE)")
+    setattr(pipeline, _MEASURE, step)
+
+
+def measured_step(pipeline_strategy) -> Optional[int]:
+    """The training step whose jobs are measured for a re-plan (None: no re-plan)."""
+    from pipesplit.job_list.auto import AUTO_NAMES
+    from pipesplit.job_list.registry import get_spec
+
+    step = getattr(pipeline_strategy, _MEASURE, _DEFAULT)
+    if step != _DEFAULT:
+        return step
+    searched = get_spec(requested_schedule(pipeline_strategy)).name in AUTO_NAMES
+    given = getattr(pipeline_strategy, _COSTS, None) is not None
+    return MEASURED_STEP if searched and not given and not _on_cuda() else None
+
+
+def _on_cuda() -> bool:
+    import paddle
+
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def _pipeline_section(strategy):
+    pipeline = getattr(strategy, "pipeline", strategy)
+    if not hasattr(pipeline, "schedule_mode"):
+        raise TypeError(f"strategy must be a paddle.distributed.Strategy or its pipeline "
+                        f"section, got {type(strategy).__name__}")
+    return pipeline
 
 
 def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
