@@ -407,8 +407,12 @@ def main(argv=None) -> int:
     diffs = [float(np.max(np.abs(local - reference_slice(ref_params[name], value, rank))))
              for name, (value, local) in local_parameters(dist_model).items()
              if name in ref_params]  # (the scheduler's learning rate is listed too)
+    replanned = None if args.paddle else pipesplit_strategy.replanned(dist_model)
     mine = {"rank": rank, "losses": losses or None, "max_param_diff": max(diffs, default=0.0),
-            "num_params": len(diffs)}
+            "num_params": len(diffs),  # auto re-plans once with the costs it measured
+            "replanned_step": None if replanned is None else replanned.step,
+            "order_changed": None if replanned is None
+            else replanned.before.job_order != replanned.after.job_order}
     everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
     holder = next((r for r in everyone if r["losses"] is not None), None)
     if holder is None:
@@ -422,7 +426,9 @@ def main(argv=None) -> int:
                                                                        ref_losses)
                                        for a, b in zip(ours, ref)),
                   "max_param_diff": max(r["max_param_diff"] for r in everyone),
-                  "params_compared": sum(r["num_params"] for r in everyone)}
+                  "params_compared": sum(r["num_params"] for r in everyone),
+                  "replanned_step": [r["replanned_step"] for r in everyone],
+                  "order_changed": [r["order_changed"] for r in everyone]}
         print(f"llama {args.schedule}{' (paddle)' if args.paddle else ''} dp={args.dp} "
               f"pp={args.pp} mp={args.mp} vpp={args.vpp} m={args.m} {args.optimizer}: "
               f"max |loss - reference| {record['max_loss_diff']:.2e}, max |param - reference| "

@@ -15,7 +15,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, "tools", "bench_engine.py")
-ARGS = ["--quick", "--steps", "2", "--warmup", "1", "--schedules", "1F1B,ZBV"]
+ARGS = ["--quick", "--steps", "2", "--warmup", "3", "--schedules", "1F1B,ZBV,auto"]
 FIELDS = ("schedule", "impl", "step_ms", "step_ms_spread", "peak_bytes", "pass_ms",
           "max_loss_diff")
 #: fp32, the same model and batches: the engines' losses agree to rounding
@@ -40,7 +40,7 @@ def test_rows_carry_the_fields(run):
     report, _ = run
     rows = report["rows"]
     assert [(r["schedule"], r["impl"]) for r in rows] == [
-        ("1F1B", "paddle"), ("1F1B", "pipesplit"), ("ZBV", "pipesplit")]
+        ("1F1B", "paddle"), ("1F1B", "pipesplit"), ("ZBV", "pipesplit"), ("auto", "pipesplit")]
     for r in rows:
         assert all(key in r for key in FIELDS), sorted(set(FIELDS) - set(r))
         assert r["step_ms"] > 0 and r["step_ms_spread"] >= 0 and r["pass_ms"] > 0
@@ -54,13 +54,24 @@ def test_losses_agree_with_paddle_1f1b(run):
     for r in report["rows"]:
         assert r["loss_reference"] == "paddle 1F1B"
         assert r["max_loss_diff"] is not None and r["max_loss_diff"] <= LOSS_TOL, r
-        assert len(r["losses"]) == 3  # warm-up and timed steps
+        assert len(r["losses"]) == 5  # warm-up and timed steps
+
+
+@pytest.mark.slow
+def test_auto_runs_as_a_user_gets_it_measured_and_replanned(run):
+    """No cost file: auto measured step 1 (both stages' costs in its row and printed)."""
+    report, stdout = run
+    rows = {r["schedule"]: r for r in report["rows"] if r["impl"] == "pipesplit"}
+    done = rows["auto"]["replanned"]
+    assert done["step"] == 1 and len(done["costs"]["forward"]) == 2
+    assert rows["ZBV"]["replanned"] is None
+    assert f"auto measured in step 1 (ms per stage): F {done['costs']['forward']}" in stdout
 
 
 @pytest.mark.slow
 def test_goals_printed(run):
     report, stdout = run
-    assert set(report["goals"]) == {"1f1b", "best", "pass"}
+    assert set(report["goals"]) == {"1f1b", "best", "pass", "auto"}
     assert all(g["met"] in (True, False) for g in report["goals"].values())
     for goal in report["goals"].values():
         assert ("PASS  " if goal["met"] else "MISS  ") + goal["text"] in stdout

@@ -1,7 +1,7 @@
 """Measured step time, memory and pass time of Paddle's auto-parallel engine per schedule:
 Paddle's own pipeline passes against pipesplit's, one model, two CPU processes.
 
-    python tools/bench_engine.py [--model {gpt,llama}] [--steps 10] [--warmup 2] [-m 8]
+    python tools/bench_engine.py [--model {gpt,llama}] [--steps 10] [--warmup 3] [-m 8]
         [--schedules FThenB,1F1B,...] [--quick] [--json PATH]
 
 The parent launches ``python -m paddle.distributed.launch --nproc_per_node 2`` on this file
@@ -31,6 +31,9 @@ Measured per (schedule, impl):
   ``engine_hooks.pipeline_pass``) and, for pipesplit, ``engine_hooks.check_strategy`` (it builds
   the schedule the pass reuses).  One untimed engine per impl is built first: the first
   preparation in a process pays one-time costs (imports, first calls);
+* **auto**: as a user gets it, no cost file: it measures its jobs in step 1 and re-plans
+  (``pipesplit.passes.replan``); step 2 builds the new plan's executor, so the default warm-up
+  is 3 steps.  Its row carries the costs it measured;
 * **max loss diff**: largest |loss - reference| over every step and micro-batch; reference:
   Paddle's 1F1B through the same engine (clipping off: Paddle clips the SUM of the micro-batch
   gradients), else the example's one-process dygraph reference.
@@ -64,6 +67,7 @@ REFERENCE = ("1F1B", "paddle")
 #: issue 21's goals
 GOAL_1F1B_RATIO = 1.02     # pipesplit 1F1B step <= this x Paddle 1F1B step
 GOAL_BEST_RATIO = 0.90     # pipesplit best <= this x Paddle best, at no more peak per rank
+GOAL_AUTO_RATIO = 1.03     # auto <= this x the fastest row measured
 #: the examples' size options: compute-bound (a job of tens of ms, far above the executor's
 #: per-op cost) and --quick (the examples' test sizes)
 _COMPUTE_BOUND = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab",
@@ -82,8 +86,9 @@ def make_parser():
     p = argparse.ArgumentParser(prog="tools/bench_engine.py", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("gpt", "llama"), default="gpt")
     p.add_argument("--steps", type=int, default=10, help="timed steps per engine")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="untimed steps first (at least 1: the first step prepares the engine)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps first (at least 1: the first step prepares the engine; "
+                        "auto re-plans after step 1, and step 2 builds its new executor)")
     p.add_argument("-m", type=int, default=None, help="micro-batches per step (8, --quick 4)")
     p.add_argument("--schedules", default=",".join(name for name, _ in SCHEDULES),
                    help="comma list; FThenB and 1F1B run with both impls")
@@ -278,7 +283,20 @@ class EngineRun:
             self.step(0, timed=False)  # the first run may prepare the rest of the plan
         self.pass_ms = timer.seconds * 1e3
         self.resident = memory.settled_current() - before
-        self.schedule = self._built_schedule()
+        self.first_schedule = self._built_schedule()
+
+    @property
+    def replanned(self):
+        """pipesplit's re-plan of this engine (auto measures step 1), or None."""
+        from pipesplit.passes.strategy import replanned
+
+        return replanned(self.dist_model) if self.impl == "pipesplit" else None
+
+    @property
+    def schedule(self):
+        """The schedule the engine runs now (auto's after its re-plan)."""
+        done = self.replanned
+        return self.first_schedule if done is None else done.after.schedule
 
     @contextlib.contextmanager
     def _guards(self, fresh: bool = False):
@@ -334,7 +352,10 @@ class EngineRun:
             self.opt._learning_rate.step()
 
     def result(self) -> dict:
+        done = self.replanned
         return {"spans": self.spans, "losses": self.losses or None, "pass_ms": self.pass_ms,
+                "replanned": None if done is None else {"step": done.step,
+                                                        "costs": done.costs.to_dict()},
                 "prepare_ms": self.prepare_ms,
                 "peak_bytes": int(self.resident + min(self.transient)),
                 "resident_bytes": int(self.resident), "transient_bytes": int(min(self.transient))}
@@ -410,7 +431,7 @@ def make_row(args, run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
             "step_ms": statistics.median(steps), "step_ms_spread": iqr(steps), "step_ms_all": steps,
             **{key: per_rank[key] for key in ("peak_bytes", "resident_bytes", "transient_bytes")},
             "pass_ms": max(per_rank["pass_ms"]), "pass_ms_per_rank": per_rank["pass_ms"],
-            "prepare_ms": max(per_rank["prepare_ms"]),
+            "prepare_ms": max(per_rank["prepare_ms"]), "replanned": gathered[0]["replanned"],
             "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None), **sim}
 
 
@@ -444,6 +465,16 @@ def goals(rows: List[dict]) -> Dict[str, dict]:
                        "text": f"pipesplit 1F1B <= {GOAL_1F1B_RATIO:g} x Paddle 1F1B: "
                                f"{ours['step_ms']:.1f} / {theirs['step_ms']:.1f} ms = {ratio:.3f}"}
     out["best"] = best_goal(rows)
+    auto = find.get(("auto", "pipesplit"))
+    if auto:
+        fastest = min(rows, key=lambda r: r["step_ms"])
+        ratio = auto["step_ms"] / fastest["step_ms"]
+        out["auto"] = {"met": ratio <= GOAL_AUTO_RATIO, "value": ratio,
+                       "text": f"auto (measured step {(auto.get('replanned') or {}).get('step')}, "
+                               f"re-planned) <= {GOAL_AUTO_RATIO:g} x the fastest row "
+                               f"({fastest['schedule']} {fastest['impl']}): "
+                               f"{auto['step_ms']:.1f} / {fastest['step_ms']:.1f} ms = "
+                               f"{ratio:.3f}"}
     passes = [(name, row["pass_ms"], find[(name, "paddle")]["pass_ms"]) for (name, impl), row
               in find.items() if impl == "pipesplit" and (name, "paddle") in find]
     if passes:
@@ -507,6 +538,12 @@ def format_report(report: dict) -> str:
              "-" if r["max_loss_diff"] is None else f"{r['max_loss_diff']:.1e}") for r in rows]
     lines += table(head, body)
     lines.append(f"loss diff against {rows[0]['loss_reference']}")
+    for r in rows:
+        if r.get("replanned"):
+            c = r["replanned"]["costs"]
+            lines.append(f"{r['schedule']} measured in step {r['replanned']['step']} (ms per "
+                         f"stage): F {c['forward']}, I {c['backward_b']}, W {c['backward_w']}, "
+                         f"comm {c['comm']} ({c['comm_mode']})")
     results = report["goals"]
     for goal in results.values():
         mark = {True: "PASS", False: "MISS", None: "n/a"}[goal["met"]]
@@ -533,13 +570,6 @@ def explain(rows: List[dict], base: Optional[dict]) -> List[str]:
 
 # =========================================================================== parent
 
-def launch(args, argv: Sequence[str]) -> dict:
-    """Run the workers under paddle.distributed.launch; return rank 0's report."""
-    from pipesplit.tools.bench_multirank import launch_workers
-
-    return launch_workers(__file__, argv, args.log_dir, LAUNCH_TIMEOUT_S)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
@@ -550,10 +580,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.worker:
         return worker(args)
-    from pipesplit.tools.bench_multirank import _without
+    from pipesplit.tools.bench_multirank import _without, launch_workers
 
     t0 = time.perf_counter()
-    report = launch(args, _without(argv, ("--json", "--log-dir")))
+    report = launch_workers(__file__, _without(argv, ("--json", "--log-dir")), args.log_dir,
+                            LAUNCH_TIMEOUT_S)
     report["goals"] = goals(report["rows"])
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_report(report))
