@@ -54,7 +54,7 @@ def test_losses_agree_with_paddle_1f1b(run):
     for r in report["rows"]:
         assert r["loss_reference"] == "paddle 1F1B"
         assert r["max_loss_diff"] is not None and r["max_loss_diff"] <= LOSS_TOL, r
-        assert len(r["losses"]) == 5  # warm-up and timed steps
+        assert len(r["losses"]) == 6  # warm-up, timed and profiled steps
 
 
 @pytest.mark.slow
@@ -66,6 +66,20 @@ def test_auto_runs_as_a_user_gets_it_measured_and_replanned(run):
     assert done["step"] == 1 and len(done["costs"]["forward"]) == 2
     assert rows["ZBV"]["replanned"] is None
     assert f"auto measured in step 1 (ms per stage): F {done['costs']['forward']}" in stdout
+
+
+@pytest.mark.slow
+def test_each_schedule_shows_its_own_job_times(run):
+    """One more step per engine under Paddle's profiler: pipesplit's forward / B / W / comm
+    jobs per rank, Paddle's own jobs by their names; the table printed."""
+    report, stdout = run
+    for r in report["rows"]:
+        assert len(r["job_ms"]) == 2 and r["profiled_step_ms"] > 0
+        kinds = set().union(*(s["total"] for s in r["job_ms"]))
+        assert "forward" in kinds and ("optimizer" in kinds or "optimize" in kinds), kinds
+        if r["impl"] == "pipesplit":
+            assert {"send_forward", "recv_forward"} <= kinds, kinds
+    assert "each schedule's own jobs in one more step" in stdout
 
 
 @pytest.mark.slow

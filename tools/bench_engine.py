@@ -49,12 +49,15 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     # the script's folder would shadow modules (tools/profile.py the standard library's)
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+
+from pipesplit.tools.bench_engine_report import (REFERENCE, add_loss_diffs,  # noqa: E402
+                                                 format_report, goals, job_summary)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "examples")
 PP = 2
@@ -63,11 +66,6 @@ SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("VPP", 2), (
              ("DualPipeV", 2), ("auto", 1))
 #: schedules Paddle's own pass serves on the CPU transport (the controls)
 PADDLE_SCHEDULES = ("FThenB", "1F1B")
-REFERENCE = ("1F1B", "paddle")
-#: issue 21's goals
-GOAL_1F1B_RATIO = 1.02     # pipesplit 1F1B step <= this x Paddle 1F1B step
-GOAL_BEST_RATIO = 0.90     # pipesplit best <= this x Paddle best, at no more peak per rank
-GOAL_AUTO_RATIO = 1.03     # auto <= this x the fastest row measured
 #: the examples' size options: compute-bound (a job of tens of ms, far above the executor's
 #: per-op cost) and --quick (the examples' test sizes)
 _COMPUTE_BOUND = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab",
@@ -131,7 +129,7 @@ class Kit:
     def __init__(self, args):
         self.ex = _example(self.module)
         self.sizes = SIZES[(args.model, args.quick)] + [
-            "-m", str(args.m), "--steps", str(args.warmup + args.steps)]
+            "-m", str(args.m), "--steps", str(args.warmup + args.steps + 1)]  # + the profiled
         self.args = self.parse([])
 
     def parse(self, extra: Sequence[str]):
@@ -271,6 +269,7 @@ class EngineRun:
         self.memory, self.barrier = memory, barrier
         self.scope = paddle.static.Scope()
         self.spans, self.losses, self.transient = [], [], []
+        self.jobs, self.profiled_span = [], (0.0, 0.0)
         use_impl(impl)
         before = memory.settled_current()
         timer = PassTimer()
@@ -327,8 +326,9 @@ class EngineRun:
         return make_schedule(PipelineConfig.from_attrs(self.name, dict(
             num_micro_batches=self.m, pp_degree=PP, vpp_degree=self.vpp)))
 
-    def step(self, index: int, timed: bool) -> None:
-        """Step ``index`` of this engine; both ranks meet in the barrier first."""
+    def step(self, index: int, timed: bool, profiled: bool = False) -> None:
+        """Step ``index`` of this engine; both ranks meet in the barrier first.  ``profiled``:
+        under Paddle's profiler (untimed), its jobs kept as ``self.jobs``."""
         import numpy as np
         import paddle
 
@@ -341,8 +341,15 @@ class EngineRun:
                 start_bytes = self.memory.current()
             self.barrier()
             t0 = time.monotonic()
-            loss = self.dist_model(x, y)
+            if profiled:
+                from pipesplit.passes.replan import profile_jobs
+
+                loss, self.jobs = profile_jobs(lambda: self.dist_model(x, y))
+            else:
+                loss = self.dist_model(x, y)
             t1 = time.monotonic()
+            if profiled:
+                self.profiled_span = (t0, t1)
             if timed:
                 self.spans.append((t0, t1))
                 self.transient.append(self.memory.peak() - start_bytes)
@@ -354,6 +361,8 @@ class EngineRun:
     def result(self) -> dict:
         done = self.replanned
         return {"spans": self.spans, "losses": self.losses or None, "pass_ms": self.pass_ms,
+                "jobs": self.jobs, "profiled_ms": (self.profiled_span[1] - self.profiled_span[0])
+                * 1e3,
                 "replanned": None if done is None else {"step": done.step,
                                                         "costs": done.costs.to_dict()},
                 "prepare_ms": self.prepare_ms,
@@ -392,6 +401,8 @@ def time_engines(args, kit, ranks) -> List[EngineRun]:
         shift = step % len(runs)
         for run in runs[shift:] + runs[:shift]:
             run.step(step, timed=step >= args.warmup)
+    for run in runs:  # each schedule's own job times, for the report's "why"
+        run.step(args.warmup + args.steps, timed=False, profiled=True)
     return runs
 
 
@@ -427,11 +438,13 @@ def make_row(args, run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
     steps = [(max(g["spans"][i][1] for g in gathered) - min(g["spans"][i][0] for g in gathered))
              * 1e3 for i in range(args.steps)]
     per_rank = {key: [g[key] for g in gathered] for key in gathered[0] if key != "losses"}
+    profiled = max(g["profiled_ms"] for g in gathered)
     return {"schedule": run.name, "impl": run.impl, "vpp": run.vpp,
             "step_ms": statistics.median(steps), "step_ms_spread": iqr(steps), "step_ms_all": steps,
             **{key: per_rank[key] for key in ("peak_bytes", "resident_bytes", "transient_bytes")},
             "pass_ms": max(per_rank["pass_ms"]), "pass_ms_per_rank": per_rank["pass_ms"],
             "prepare_ms": max(per_rank["prepare_ms"]), "replanned": gathered[0]["replanned"],
+            "profiled_step_ms": profiled, "job_ms": [job_summary(g["jobs"]) for g in gathered],
             "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None), **sim}
 
 
@@ -439,133 +452,6 @@ def iqr(values: Sequence[float]) -> float:
     """Interquartile range (0 for a single value)."""
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [0] * 3
     return q3 - q1
-
-
-def add_loss_diffs(rows: List[dict], reference: Optional[List[List[float]]]) -> None:
-    """``max_loss_diff`` of every row against Paddle's 1F1B row, else ``reference``."""
-    ref_row = next((r for r in rows if (r["schedule"], r["impl"]) == REFERENCE), None)
-    ref = ref_row["losses"] if ref_row is not None else reference
-    for row in rows:
-        row["loss_reference"] = "paddle 1F1B" if ref_row is not None else "example reference"
-        if row["losses"] is None or len(row["losses"]) != len(ref):
-            row["max_loss_diff"] = None
-            continue
-        row["max_loss_diff"] = max(abs(a - b) for ours, theirs in zip(row["losses"], ref)
-                                   for a, b in zip(ours, theirs))
-
-
-def goals(rows: List[dict]) -> Dict[str, dict]:
-    """Issue 21's goals, each ``{"met": bool or None, "text": ...}`` (None: a row missing)."""
-    find = {(r["schedule"], r["impl"]): r for r in rows}
-    out = {}
-    ours, theirs = find.get(("1F1B", "pipesplit")), find.get(("1F1B", "paddle"))
-    if ours and theirs:
-        ratio = ours["step_ms"] / theirs["step_ms"]
-        out["1f1b"] = {"met": ratio <= GOAL_1F1B_RATIO, "value": ratio,
-                       "text": f"pipesplit 1F1B <= {GOAL_1F1B_RATIO:g} x Paddle 1F1B: "
-                               f"{ours['step_ms']:.1f} / {theirs['step_ms']:.1f} ms = {ratio:.3f}"}
-    out["best"] = best_goal(rows)
-    auto = find.get(("auto", "pipesplit"))
-    if auto:
-        fastest = min(rows, key=lambda r: r["step_ms"])
-        ratio = auto["step_ms"] / fastest["step_ms"]
-        out["auto"] = {"met": ratio <= GOAL_AUTO_RATIO, "value": ratio,
-                       "text": f"auto (measured step {(auto.get('replanned') or {}).get('step')}, "
-                               f"re-planned) <= {GOAL_AUTO_RATIO:g} x the fastest row "
-                               f"({fastest['schedule']} {fastest['impl']}): "
-                               f"{auto['step_ms']:.1f} / {fastest['step_ms']:.1f} ms = "
-                               f"{ratio:.3f}"}
-    passes = [(name, row["pass_ms"], find[(name, "paddle")]["pass_ms"]) for (name, impl), row
-              in find.items() if impl == "pipesplit" and (name, "paddle") in find]
-    if passes:
-        out["pass"] = {"met": all(a <= b for _, a, b in passes),
-                       "text": "pipesplit pass time <= Paddle's, same schedule: " + ", ".join(
-                           f"{n} {a:.1f} vs {b:.1f} ms" for n, a, b in passes)}
-    return out
-
-
-def best_goal(rows: List[dict]) -> dict:
-    """The fastest pipesplit row whose peak is no more than the fastest Paddle row's on every
-    rank, against GOAL_BEST_RATIO x that Paddle row."""
-    paddle_rows = [r for r in rows if r["impl"] == "paddle"]
-    ours = [r for r in rows if r["impl"] == "pipesplit"]
-    if not paddle_rows or not ours:
-        return {"met": None, "text": "pipesplit best vs Paddle best: needs both impls"}
-    theirs = min(paddle_rows, key=lambda r: r["step_ms"])
-    fitting = [r for r in ours
-               if all(a <= b for a, b in zip(r["peak_bytes"], theirs["peak_bytes"]))]
-    head = (f"pipesplit best <= {GOAL_BEST_RATIO:g} x Paddle best ({theirs['schedule']} "
-            f"{theirs['step_ms']:.1f} ms, peak {fmt_bytes(theirs['peak_bytes'])})")
-    if not fitting:
-        fastest = min(ours, key=lambda r: r["step_ms"])
-        return {"met": False, "text": f"{head} at no more peak: no pipesplit schedule fits "
-                f"(fastest {fastest['schedule']} {fastest['step_ms']:.1f} ms, peak "
-                f"{fmt_bytes(fastest['peak_bytes'])})"}
-    best = min(fitting, key=lambda r: r["step_ms"])
-    ratio = best["step_ms"] / theirs["step_ms"]
-    return {"met": ratio <= GOAL_BEST_RATIO, "value": ratio,
-            "text": f"{head} at no more peak: {best['schedule']} {best['step_ms']:.1f} ms "
-                    f"(peak {fmt_bytes(best['peak_bytes'])}) = {ratio:.3f}"}
-
-
-def fmt_bytes(values) -> str:
-    return "/".join(f"{v / 2 ** 20:.2f}M" for v in values)
-
-
-def table(head: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
-    widths = [max(len(x[i]) for x in [head] + list(body)) for i in range(len(head))]
-    lines = []
-    for i, row in enumerate([head] + list(body)):
-        lines.append("  ".join(x.ljust(w) if j < 2 else x.rjust(w)
-                               for j, (x, w) in enumerate(zip(row, widths))).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
-
-
-def format_report(report: dict) -> str:
-    rows = report["rows"]
-    base = next((r for r in rows if (r["schedule"], r["impl"]) == REFERENCE), None)
-    lines = [f"{report['model']}; pp={report['pp']} m={report['m']}, median of {report['steps']} "
-             f"paired steps after {report['warmup']} warm-up, 2 processes x 1 thread",
-             "peak MiB per rank (rank0/rank1) = resident (engine's allocated bytes after its "
-             "first step) + transient step peak, Paddle's host allocator stats"]
-    head = ("schedule", "impl", "step ms", "IQR ms", "/ P1F1B", "peak MiB", "pass ms",
-            "loss diff")
-    body = [(r["schedule"], r["impl"], f"{r['step_ms']:.1f}", f"{r['step_ms_spread']:.1f}",
-             f"{r['step_ms'] / base['step_ms']:.3f}" if base else "-", fmt_bytes(r["peak_bytes"]),
-             f"{r['pass_ms']:.1f}",
-             "-" if r["max_loss_diff"] is None else f"{r['max_loss_diff']:.1e}") for r in rows]
-    lines += table(head, body)
-    lines.append(f"loss diff against {rows[0]['loss_reference']}")
-    for r in rows:
-        if r.get("replanned"):
-            c = r["replanned"]["costs"]
-            lines.append(f"{r['schedule']} measured in step {r['replanned']['step']} (ms per "
-                         f"stage): F {c['forward']}, I {c['backward_b']}, W {c['backward_w']}, "
-                         f"comm {c['comm']} ({c['comm_mode']})")
-    results = report["goals"]
-    for goal in results.values():
-        mark = {True: "PASS", False: "MISS", None: "n/a"}[goal["met"]]
-        lines.append(f"{mark}  {goal['text']}")
-    if any(g["met"] is False for g in results.values()):
-        lines += explain(rows, base)
-    return "\n".join(lines)
-
-
-def explain(rows: List[dict], base: Optional[dict]) -> List[str]:
-    """What the misses come from: measured against simulated (unit costs) per row."""
-    sim_base = next((r for r in rows if r["schedule"] == "1F1B"), None)  # either impl: same order
-    head = ("schedule", "impl", "meas / P1F1B", "sim / 1F1B", "sim bubble", "sim peak units",
-            "meas peak / P1F1B", "resident MiB", "transient MiB")
-    body = [(r["schedule"], r["impl"], f"{r['step_ms'] / base['step_ms']:.3f}" if base else "-",
-             f"{r['sim_makespan'] / sim_base['sim_makespan']:.3f}" if sim_base else "-",
-             f"{r['sim_bubble']:.1%}", "/".join(f"{u:g}" for u in r["sim_peak_units"]),
-             "/".join(f"{a / b:.2f}" for a, b in zip(r["peak_bytes"], base["peak_bytes"]))
-             if base else "-", fmt_bytes(r["resident_bytes"]), fmt_bytes(r["transient_bytes"]))
-            for r in rows]
-    return ["", "why (simulator: unit costs F 1, I 1, W 1, no comm; measured: this run):"] + \
-        table(head, body)
 
 
 # =========================================================================== parent
