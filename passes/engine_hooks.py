@@ -263,13 +263,14 @@ def measure_and_replan(original):
             return original(self, *args, **kwargs)
         step = self.__dict__.get(_TRAIN_STEPS, -1) + 1
         self.__dict__[_TRAIN_STEPS] = step
+        before = self.__dict__.get(_PIPELINES, {}).get("train")
+        # (a whole-model program, every rank emulated in one process, is not re-planned)
         if step != measured_step(self._strategy.pipeline) or \
-                self.__dict__.get(_PIPELINES, {}).get("train") is None:
+                getattr(before, "source_program", None) is None:
             return original(self, *args, **kwargs)
         from .replan import costs_from, profile_jobs, rank_measurement, share
 
         logs, jobs = profile_jobs(lambda: original(self, *args, **kwargs))
-        before = self.__dict__[_PIPELINES]["train"]
         key = f"pipesplit/measured/{_exchanges[0]}"
         _exchanges[0] += 1
         everyone = share(rank_measurement(jobs, before.config), key)
