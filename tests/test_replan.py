@@ -7,6 +7,7 @@ measured re-plan, a re-plan with fixed costs injected and a given cost file.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -84,7 +85,20 @@ def test_a_rank_measures_its_chunks_at_their_global_stages():
             num_micro_batches=2, pp_degree=2, vpp_degree=2)))
 
 
-def test_the_profiler_names_every_job_a_plan_ran(static_mode):
+@contextlib.contextmanager
+def _static_mode():
+    """Static mode for a block, then the mode it found (other test files build programs in
+    the static mode their module set at collection)."""
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        yield
+    finally:
+        if was_dynamic:
+            paddle.disable_static()
+
+
+def test_the_profiler_names_every_job_a_plan_ran():
     """Paddle's executor records each job as ``<type>-<micro-batch>``: the jobs read back are
     the plan's own order, each with a time."""
     from pipesplit.ir_utils import init_scope
@@ -92,14 +106,15 @@ def test_the_profiler_names_every_job_a_plan_ran(static_mode):
     from pipesplit.passes import apply_pipeline
     from pipesplit.passes.profile import build_model
 
-    model = build_model("gpt", 2, 4, hidden=16)
-    pipeline = apply_pipeline(model.main, model.startup, "ZBH1",
-                              dict(num_micro_batches=4, pp_degree=2))
-    place = paddle.CPUPlace()
-    ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place),
-                       model.make_batch(0), place)
-    ex.run()
-    _, jobs = profile_jobs(ex.run)
+    with _static_mode():
+        model = build_model("gpt", 2, 4, hidden=16)
+        pipeline = apply_pipeline(model.main, model.startup, "ZBH1",
+                                  dict(num_micro_batches=4, pp_degree=2))
+        place = paddle.CPUPlace()
+        ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place),
+                           model.make_batch(0), place)
+        ex.run()
+        _, jobs = profile_jobs(ex.run)
     assert [(t, mb) for t, mb, _ in jobs] == list(pipeline.job_order)
     assert all(ms > 0 for _, _, ms in jobs)
 
