@@ -133,9 +133,10 @@ def measured_step(pipeline_strategy) -> Optional[int]:
 
 
 def _on_cuda() -> bool:
-    import paddle
+    """Whether the engine runs on a GPU (the one device rule, as the pass's transport)."""
+    from pipesplit.ir_utils.p2p import resolve_device
 
-    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    return resolve_device("auto") == "gpu"
 
 
 def _pipeline_section(strategy):
