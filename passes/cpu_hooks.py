@@ -141,13 +141,27 @@ def dist_model_init(original):
     def __init__(self, *args, **kwargs):
         """``DistModel`` calls ``fleet.init`` when the launcher set ``POD_NAME``; its dozen
         hybrid gloo groups (which the engine does not use) fail now and then with
-        ``Connection refused`` with more than two CPU processes: skipped on CPU."""
+        ``Connection refused`` with more than two CPU processes: skipped on CPU.  What the
+        engine does need of it is the global group (its barrier, the parameter broadcast
+        between meshes, every gloo ring): created here when the script has not created it
+        (Paddle's own tests never call ``dist.init_parallel_env()``), left alone when it has."""
         import os
 
         pod = os.environ.pop("POD_NAME", None)
         try:
+            if pod is not None:
+                ensure_global_group()
             original(self, *args, **kwargs)
         finally:
             if pod is not None:
                 os.environ["POD_NAME"] = pod
     return __init__
+
+
+def ensure_global_group() -> bool:
+    """Create the global (gloo) group with ``dist.init_parallel_env()`` unless it exists, as
+    ``fleet.init`` would have; True when this call created it."""
+    if paddle.distributed.is_initialized():
+        return False
+    paddle.distributed.init_parallel_env()
+    return True

@@ -22,10 +22,10 @@ from .engine import build_engine_rank_plan, is_engine_program
 from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, restore_user_placements
 from .loader_checks import check_labels_are_class_ids, check_loader
 from .pipeline import split_and_schedule
-from .strategy_checks import check_engine_strategy, check_no_gradient_merge
+from .strategy_checks import check_engine_strategy, check_fields, check_gradient_merge
 from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, checked_schedule,
-                              config_from_strategy, measured_step, pipe_from_strategy,
-                              record_pipe, requested_schedule)
+                              config_from_strategy, fill_in_what_paddle_derives, measured_step,
+                              pipe_from_strategy, record_pipe, requested_schedule)
 
 _last: Optional[PipelinePlan] = None
 #: the stage meshes while Paddle's chunk completion runs (see :func:`stage_by_mesh`)
@@ -89,7 +89,9 @@ def last_pipeline() -> Optional[PipelinePlan]:
 
 
 def engine_init(original):
-    """``Engine.__init__``: check the pipeline strategy, keep the user's schedule name beside
+    """``Engine.__init__``: check the pipeline strategy, fill in the fields Paddle derives
+    (``pp_degree`` from the stage meshes, the gradient merge's ``k_steps``:
+    :func:`~.strategy_config.fill_in_what_paddle_derives`), keep the user's schedule name beside
     the engine's copy and show the engine ``"VPP"``, so its chunk completion, chunk check and
     loss fetch (``forward{vpp-1}``) serve every pipesplit schedule.  The user's own strategy
     object is not touched (``DistModel`` hands the engine a deep copy)."""
@@ -100,8 +102,11 @@ def engine_init(original):
         if pipeline.enable and getattr(pipeline, REQUESTED_ATTR, None) is None:
             import paddle.distributed as dist
 
+            check_fields(pipeline)
+            check_gradient_merge(self._strategy)
+            fill_in_what_paddle_derives(self._strategy, self._model)
+            self._acc_steps = pipeline.accumulate_steps  # (Paddle's __init__ read k_steps)
             check_engine_strategy(pipeline, self._model, dist.get_world_size())
-            check_no_gradient_merge(self._strategy)
             check_strategy(pipeline)
             setattr(pipeline, REQUESTED_ATTR, str(pipeline.schedule_mode))
             pipeline.schedule_mode = ENGINE_MODE

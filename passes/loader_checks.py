@@ -11,13 +11,38 @@ found in the engine's whole traced program (every rank holds it), before it is s
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """What one batch of a sampler holds: Paddle's ``BatchSampler`` and
+    ``DistributedBatchSampler`` yield ``batch_size * _acc_steps`` samples per batch (Paddle's
+    auto-parallel tests set ``sampler._acc_steps = accumulate_steps`` on a sampler of
+    ``batch_size = micro-batch size``; ``dist.shard_dataloader`` carries it over)."""
+
+    batch_size: int
+    acc_steps: int = 1
+
+    @property
+    def samples(self) -> int:
+        return self.batch_size * self.acc_steps
+
+    def __str__(self) -> str:
+        if self.acc_steps == 1:
+            return f"batch_size={self.batch_size}"
+        return (f"batch_size={self.batch_size} x the sampler's _acc_steps={self.acc_steps} = "
+                f"{self.samples}")
 
 
 def check_loader(loader, accumulate_steps: int) -> None:
     """``ValueError`` naming the ``DataLoader`` argument and what to change when ``loader``
-    (a ``paddle.io.DataLoader`` or a ``dist.shard_dataloader``) yields no batch, a batch size
-    that ``accumulate_steps`` does not divide, or a last batch smaller than the others."""
+    (a ``paddle.io.DataLoader`` or a ``dist.shard_dataloader``) yields no batch, batches that
+    ``accumulate_steps`` does not divide, or a last batch smaller than the others.  A batch is
+    what the sampler yields: ``batch_size`` samples, times its ``_acc_steps`` (Paddle's
+    micro-batch sampler convention, :class:`BatchSize`), per rank for a
+    ``DistributedBatchSampler``."""
     sizes = _batch_sizes(loader)
     if sizes is None:
         return
@@ -25,38 +50,40 @@ def check_loader(loader, accumulate_steps: int) -> None:
     if batches == 0:
         raise ValueError(
             "the DataLoader given to dist.to_static yields no batch (its dataset is empty, or "
-            "smaller than batch_size with drop_last=True); give it at least one batch of "
-            f"batch_size={batch_size} samples")
-    if batch_size % accumulate_steps:
+            "smaller than a batch with drop_last=True); give it at least one batch of "
+            f"{batch_size} samples")
+    if batch_size.samples % accumulate_steps:
         raise ValueError(
-            f"the DataLoader's batch_size={batch_size} is not a multiple of "
-            f"strategy.pipeline.accumulate_steps={accumulate_steps} (every batch is split into "
-            "that many micro-batches of one size); change either")
-    if last != batch_size:
+            f"the DataLoader's batches hold {batch_size} samples (on this rank), not a "
+            f"multiple of strategy.pipeline.accumulate_steps={accumulate_steps} (every batch "
+            "is split into that many micro-batches of one size); change either")
+    if last != batch_size.samples:
         raise ValueError(
-            f"the DataLoader's last batch has {last} samples and the others batch_size="
-            f"{batch_size}: the pipeline's program has one micro-batch size, so every batch "
-            "must be full; pass drop_last=True to paddle.io.DataLoader (or make the dataset's "
-            "length a multiple of batch_size)")
+            f"the DataLoader's last batch has {last} samples and the others {batch_size}: "
+            "the pipeline's program has one micro-batch size, so every batch must be full; "
+            "pass drop_last=True to the BatchSampler / paddle.io.DataLoader (or make the "
+            "dataset's length a multiple of the batch)")
 
 
-def _batch_sizes(loader) -> Optional[Tuple[int, int, int]]:
-    """(number of batches, batch size, size of the last batch) from the loader's batch
-    sampler, or None when they cannot be known without drawing data."""
+def _batch_sizes(loader) -> Optional[Tuple[int, BatchSize, int]]:
+    """(number of batches, what a batch holds, samples of the last batch) from the loader's
+    batch sampler, or None when they cannot be known without drawing data."""
     sampler = getattr(loader, "batch_sampler", None)
     if sampler is None:  # dist.shard_dataloader keeps the user's loader inside
         inner = getattr(loader, "_dataloader", None)
         sampler = getattr(inner, "batch_sampler", None)
     batch_size = getattr(sampler, "batch_size", None)
-    if not isinstance(batch_size, int) or batch_size <= 0:
+    acc_steps = getattr(sampler, "_acc_steps", 1)
+    if not all(isinstance(n, int) and n > 0 for n in (batch_size, acc_steps)):
         return None
+    size = BatchSize(batch_size, acc_steps)
     samples = _samples_of(sampler)
     if samples is None:
         return None
-    full, rest = divmod(samples, batch_size)
+    full, rest = divmod(samples, size.samples)
     if getattr(sampler, "drop_last", False) or rest == 0:
-        return full, batch_size, batch_size
-    return full + 1, batch_size, rest
+        return full, size, size.samples
+    return full + 1, size, rest
 
 
 def _samples_of(sampler) -> Optional[int]:

@@ -13,7 +13,8 @@ words (strategy fields, processes, layer classes):
 * :func:`check_world` - ``pp_degree`` against the processes of the job;
 * :func:`check_model` - ``vpp_seg_method`` against the model's layer classes and block count;
 * :func:`check_engine_strategy` - the three, in that order;
-* :func:`check_no_gradient_merge` - no gradient merge of the user's on top of the pipeline's.
+* :func:`check_gradient_merge` - a user's gradient merge only as Paddle runs it (the
+  pipeline's own, ``k_steps = accumulate_steps``).
 
 The checks only read the strategy: they never set, convert or normalise a field.
 """
@@ -28,7 +29,7 @@ from ._paddle import require_supported_paddle
 paddle = require_supported_paddle()
 
 __all__ = ["INT_FIELDS", "check_engine_strategy", "check_fields", "check_model",
-           "check_no_gradient_merge", "check_world"]
+           "check_gradient_merge", "check_world"]
 
 _PREFIX = "strategy.pipeline."
 #: the int fields of ``strategy.pipeline`` pipesplit reads (each >= 1; Paddle's defaults are 1)
@@ -216,18 +217,29 @@ def check_engine_strategy(pipeline_strategy, model, world_size: int) -> None:
     check_model(pipeline_strategy, model)
 
 
-def check_no_gradient_merge(strategy) -> None:
-    """The pipeline already accumulates ``accumulate_steps`` micro-batches per update (the
-    engine turns its gradient merge on for that itself); a user's merge on top would need two
-    nested accumulations, which Paddle 3.3.1's engine fails on.  ``strategy``: the whole
+#: ``strategy.gradient_merge.k_steps`` when the user leaves it alone (Paddle's default)
+_DEFAULT_K_STEPS = 1
+
+
+def check_gradient_merge(strategy) -> None:
+    """A user's ``strategy.gradient_merge`` beside the pipeline, served as Paddle serves it:
+    with a pipeline, Paddle 3.3.1's engine turns the merge on itself with ``k_steps =
+    pipeline.accumulate_steps`` (``Engine._parallel_pir``), overwriting the user's settings,
+    and never nests two accumulations.  So ``enable = True`` with ``k_steps`` left at its
+    default or equal to ``accumulate_steps`` (Paddle's own ``mlp_demo`` pipeline test) is what
+    Paddle runs; another ``k_steps`` is a ``ValueError``: Paddle would silently accumulate
+    ``accumulate_steps`` micro-batches, not ``k_steps``.  ``strategy``: the whole
     ``paddle.distributed.Strategy``."""
     merge = getattr(strategy, "gradient_merge", None)
-    if merge is not None and merge.enable:
-        total = int(strategy.pipeline.accumulate_steps) * int(merge.k_steps)
-        raise ValueError(
-            f"strategy.gradient_merge.enable with strategy.pipeline.enable: a pipeline step "
-            f"already accumulates strategy.pipeline.accumulate_steps="
-            f"{strategy.pipeline.accumulate_steps} micro-batches before its one update; set "
-            f"strategy.pipeline.accumulate_steps={total} (accumulate_steps x "
-            f"gradient_merge.k_steps) with a batch that many micro-batches long, and "
-            f"strategy.gradient_merge.enable = False")
+    if merge is None or not merge.enable:
+        return
+    steps, k = strategy.pipeline.accumulate_steps, merge.k_steps
+    if k in (_DEFAULT_K_STEPS, steps):
+        return
+    raise ValueError(
+        f"strategy.gradient_merge.k_steps={k} with strategy.pipeline.enable: Paddle's engine "
+        f"ignores it and accumulates strategy.pipeline.accumulate_steps={steps} micro-batches "
+        f"per update (a pipeline's gradient merge is its micro-batching); set "
+        f"strategy.gradient_merge.k_steps={steps} (or leave it at {_DEFAULT_K_STEPS}, or "
+        f"gradient_merge.enable = False), and strategy.pipeline.accumulate_steps to the "
+        f"micro-batches you want per update")

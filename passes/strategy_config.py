@@ -46,6 +46,45 @@ def record_pipe(dist_program, pipeline_strategy) -> Pipe:
     return pipe
 
 
+#: ``strategy.pipeline.pp_degree`` when the user leaves it alone (Paddle's default)
+_DEFAULT_PP_DEGREE = 1
+
+
+def stage_mesh_count(model) -> int:
+    """How many pipeline stage meshes ``model``'s parameters sit on, by Paddle's own rule
+    (``get_sub_process_mesh``: a mesh of every process, e.g. the global mesh, is no stage
+    when smaller meshes exist); 0 for a model without distributed parameters."""
+    from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh
+
+    meshes = []
+    for param in getattr(model, "parameters", lambda: [])():
+        if param.is_dist() and param.process_mesh not in meshes:
+            meshes.append(param.process_mesh)
+    return len(get_sub_process_mesh(meshes)) if meshes else 0
+
+
+def fill_in_what_paddle_derives(strategy, model) -> None:
+    """The engine's copy of ``strategy`` with the pipeline fields Paddle works out itself and
+    its tests therefore leave at their defaults (the user's own object is not touched:
+    ``DistModel`` hands the engine a deep copy):
+
+    * ``pipeline.pp_degree`` left at 1 while the layers sit on several stage meshes: the
+      number of stage meshes (an explicit other value that disagrees is refused later,
+      naming both, by :func:`record_pipe`);
+    * ``gradient_merge.enable`` beside the pipeline (checked by
+      :func:`~.strategy_checks.check_gradient_merge`): ``k_steps = accumulate_steps``, what
+      Paddle's engine sets when it builds the training program, set before the engine sizes
+      its data specs by it."""
+    pipeline = strategy.pipeline
+    if pipeline.pp_degree == _DEFAULT_PP_DEGREE:
+        stages = stage_mesh_count(model)
+        if stages > 1:
+            pipeline.pp_degree = stages
+    merge = getattr(strategy, "gradient_merge", None)
+    if merge is not None and merge.enable:
+        merge.k_steps = pipeline.accumulate_steps
+
+
 def pipe_from_strategy(pipeline_strategy) -> Pipe:
     """The pipeline :func:`record_pipe` found when the engine completed the program."""
     import paddle.distributed as dist
