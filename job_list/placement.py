@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 LOOPED = "looped"
 V_SHAPE = "v"
@@ -64,6 +64,30 @@ class Placement:
         """The virtual stage 0-based ``block`` of ``num_blocks`` (model order) goes to: an even
         split in model order, whatever the placement puts the stage on."""
         return block * self.num_stages // num_blocks
+
+    def deal_blocks(self, per_rank: Sequence[int]) -> List[int]:
+        """Blocks per global virtual stage when rank ``r`` keeps ``per_rank[r]`` blocks, dealt
+        one by one to its chunks (its ``i``-th block to chunk ``i % vpp``), the blocks of the
+        model then filling the stages in order: Paddle's rule for the layers a user placed on
+        each stage mesh (``complete_chunk_id``), on this placement's stages (the V order for
+        ``v``).  Every rank needs at least ``vpp`` blocks."""
+        if len(per_rank) != self.pp:
+            raise ValueError(f"per_rank must give the blocks of each of the {self.pp} ranks, "
+                             f"got {list(per_rank)}")
+        short = [r for r, n in enumerate(per_rank) if n < self.vpp]
+        if short:
+            raise ValueError(
+                f"rank {short[0]} keeps {per_rank[short[0]]} block(s), fewer than vpp = "
+                f"{self.vpp}: every chunk needs one (blocks per rank: {list(per_rank)})")
+        counts = [0] * self.num_stages
+        for rank, blocks in enumerate(per_rank):
+            for i in range(blocks):
+                counts[self.stage(rank, i % self.vpp)] += 1
+        return counts
+
+    def stages_of_blocks(self, per_rank: Sequence[int]) -> List[int]:
+        """The virtual stage of each block, in model order (:meth:`deal_blocks`)."""
+        return [stage for stage, n in enumerate(self.deal_blocks(per_rank)) for _ in range(n)]
 
     def layers_per_stage(self, num_layers: int) -> int:
         check_positive_int("num_layers", num_layers)

@@ -2,8 +2,9 @@
 distributed program, before its chunk completion.
 
 A user writes the model with its blocks on the stage meshes in model order (Paddle's VPP
-documentation does); a schedule with vpp > 1 needs block i of L on virtual stage
-i * pp*vpp // L, whose rank depends on the placement (looped or V).  :func:`assign_placement`
+documentation does); a schedule with vpp > 1 deals each stage mesh's blocks one by one to that
+rank's chunks, as Paddle's chunk completion does (``Placement.deal_blocks``: the counts per rank
+are kept, even or not), on the stages of the schedule's placement (looped or V).  :func:`assign_placement`
 moves the ops, re-makes the reshards at the new boundaries and lets the values every layer reads
 from a mesh of all stages (a mask, position ids) follow each layer.
 """
@@ -76,9 +77,11 @@ FED_MESHES = "_pipesplit_fed_meshes"
 
 def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
     """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
-    (non-decreasing) the meshes of the ``kind`` placement (looped or V), in place: block i of
-    L goes to virtual stage s = i * pp*vpp // L and its rank (looped: s = c*pp + r; V: the
-    same for even chunks c, s = c*pp + pp-1-r for odd ones); ops before the first block go
+    (non-decreasing) the meshes of the ``kind`` placement (looped or V), in place: each stage
+    mesh keeps as many blocks as the user placed on it, dealt one by one to its chunks, and the
+    blocks fill the virtual stages in model order (``Placement.stages_of_blocks``), each on its
+    rank (looped: s = c*pp + r; V: the same for even chunks c, s = c*pp + pp-1-r for odd ones;
+    an even split is block i of L on stage i * pp*vpp // L); ops before the first block go
     with it, ops after the last (final norm, head, loss) with the last; ops on a mesh of every
     stage (a mask or position ids each layer reads) stay there, each layer's reshard from them
     following the layer.  Paddle's ``complete_chunk_id`` then finds non-monotonic (custom)
@@ -124,11 +127,18 @@ def _targets(dist_program, pipeline_strategy, kind, meshes) -> dict:
     pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
     seg_method = pipeline_strategy.vpp_seg_method
     segments = _get_seg_struct_names(dist_program.global_block().ops, seg_method)
-    stages = pp * vpp
-    if len(segments) % stages:
-        raise ValueError(f"strategy.pipeline: {len(segments)} {seg_method} blocks cannot be "
-                         f"split evenly over pp_degree x vpp_degree = {stages} stages")
     placement = Placement(kind, pp, vpp)
+    per_rank = _blocks_per_stage_mesh(dist_program.global_block().ops, seg_method, meshes)
+    if sum(per_rank) != len(segments):
+        raise ValueError(f"strategy.pipeline.vpp_seg_method={seg_method!r}: "
+                         f"{len(segments) - sum(per_rank)} of the model's {len(segments)} blocks "
+                         "are on no pipeline stage mesh; place each block's parameters on the "
+                         "mesh of its stage")
+    try:
+        stage_of_block = placement.stages_of_blocks(per_rank)
+    except ValueError as e:
+        raise ValueError(f"strategy.pipeline.vpp_degree={vpp}: the model's {seg_method} "
+                         f"blocks on the stage meshes: {e}") from None
     index = {name: i for i, name in enumerate(segments)}
     _drop_stage_reshards(dist_program)
     target = {}
@@ -140,10 +150,24 @@ def _targets(dist_program, pipeline_strategy, kind, meshes) -> dict:
         if op.dist_attr is None or op.name() in _STAY \
                 or op.dist_attr.process_mesh not in meshes:
             continue  # (ops on the global mesh, e.g. a mask every stage reads, stay there)
-        stage = placement.stage_of_block(seg, len(segments))
+        stage = stage_of_block[seg]
         target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp, stage)
     _place_feeds(dist_program, target, getattr(pipeline_strategy, FED_MESHES, {}))
     return target
+
+
+def _blocks_per_stage_mesh(ops, seg_method, meshes) -> list:
+    """How many blocks the user placed on each stage mesh (a block's mesh: its first op on
+    a stage mesh), as Paddle's chunk completion counts them."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
+
+    mesh_of = {}
+    for op in ops:
+        name = _extract_seg_method(op, seg_method)
+        if name is not None and name not in mesh_of and op.dist_attr is not None \
+                and op.dist_attr.process_mesh in meshes:
+            mesh_of[name] = meshes.index(op.dist_attr.process_mesh)
+    return [list(mesh_of.values()).count(r) for r in range(len(meshes))]
 
 
 def _place_feeds(dist_program, target, fed_meshes) -> None:

@@ -25,7 +25,8 @@ from .pipeline import split_and_schedule
 from .strategy_checks import check_engine_strategy, check_fields, check_gradient_merge
 from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, checked_schedule,
                               config_from_strategy, fill_in_what_paddle_derives, measured_step,
-                              pipe_from_strategy, record_pipe, requested_schedule)
+                              pipe_from_strategy, record_block_sizes, record_pipe,
+                              requested_schedule)
 
 _last: Optional[PipelinePlan] = None
 #: the stage meshes while Paddle's chunk completion runs (see :func:`stage_by_mesh`)
@@ -107,6 +108,7 @@ def engine_init(original):
             fill_in_what_paddle_derives(self._strategy, self._model)
             self._acc_steps = pipeline.accumulate_steps  # (Paddle's __init__ read k_steps)
             check_engine_strategy(pipeline, self._model, dist.get_world_size())
+            record_block_sizes(pipeline, self._model)
             check_strategy(pipeline)
             setattr(pipeline, REQUESTED_ATTR, str(pipeline.schedule_mode))
             pipeline.schedule_mode = ENGINE_MODE

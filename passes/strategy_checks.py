@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import List
+from typing import List, Optional
 
 from ._paddle import require_supported_paddle
 
 paddle = require_supported_paddle()
 
-__all__ = ["INT_FIELDS", "check_engine_strategy", "check_fields", "check_model",
-           "check_gradient_merge", "check_world"]
+__all__ = ["INT_FIELDS", "blocks_per_stage_mesh", "check_engine_strategy", "check_fields",
+           "check_gradient_merge", "check_model", "check_world"]
 
 _PREFIX = "strategy.pipeline."
 #: the int fields of ``strategy.pipeline`` pipesplit reads (each >= 1; Paddle's defaults are 1)
@@ -169,24 +169,66 @@ def _no_block_class(seg: str, classes: List[str]) -> ValueError:
                       f"The model's layer classes: {shown}")
 
 
+def _stage_mesh_of(block):
+    """The mesh of a block's first distributed parameter (None: it has none)."""
+    for param in block.parameters():
+        if param.is_dist():
+            return param.process_mesh
+    return None
+
+
+def _blocks_per_mesh(blocks: list) -> dict:
+    """process ids of a block's mesh (None: not placed) -> how many blocks sit there."""
+    per_mesh = {}
+    for block in blocks:
+        mesh = _stage_mesh_of(block)
+        key = None if mesh is None else tuple(mesh.process_ids)
+        per_mesh[key] = per_mesh.get(key, 0) + 1
+    return per_mesh
+
+
+def blocks_per_stage_mesh(pipeline_strategy, model) -> Optional[List[int]]:
+    """How many ``vpp_seg_method`` blocks the user placed on each stage mesh (stage meshes in
+    the order of their first process, as Paddle orders them), or None when the blocks are not
+    placed one mesh per stage (or there is no seg method or layer to look at)."""
+    if not pipeline_strategy.vpp_seg_method or not isinstance(model, paddle.nn.Layer):
+        return None
+    per_mesh = _blocks_per_mesh(_outermost_blocks(model, _seg_pattern(pipeline_strategy)))
+    if not per_mesh or None in per_mesh or len(per_mesh) != pipeline_strategy.pp_degree:
+        return None
+    return [per_mesh[key] for key in sorted(per_mesh)]
+
+
 def _check_block_count(pipeline_strategy, blocks: list) -> None:
-    """The engine gives each of the pp x vpp virtual stages the same number of blocks."""
+    """Each stage mesh keeps the blocks the user placed on it and deals them to its
+    ``vpp_degree`` chunks (Paddle's rule), so each needs at least ``vpp_degree`` blocks; with
+    blocks the user did not place, ``pp_degree x vpp_degree`` blocks at least."""
     pp, vpp = pipeline_strategy.pp_degree, pipeline_strategy.vpp_degree
-    stages = pp * vpp
-    if len(blocks) % stages == 0:
-        return
+    seg = pipeline_strategy.vpp_seg_method
     kinds = ", ".join(sorted({_class_name(b) for b in blocks}))
-    layers = "layer" if len(blocks) == 1 else "layers"
-    raise ValueError(f"{_PREFIX}vpp_seg_method={pipeline_strategy.vpp_seg_method!r} names "
-                     f"{len(blocks)} {kinds} {layers}, not a positive multiple of "
-                     f"{_PREFIX}pp_degree x {_PREFIX}vpp_degree = {pp} x {vpp} = {stages}: "
-                     f"each of the {stages} virtual stages gets the same number of blocks")
+    per_mesh = _blocks_per_mesh(blocks)
+    if None in per_mesh or len(per_mesh) != pp:
+        # not one mesh per stage: the stage-mesh check names the meshes (record_pipe)
+        if len(blocks) >= pp * vpp:
+            return
+        raise ValueError(f"{_PREFIX}vpp_seg_method={seg!r} names {len(blocks)} {kinds} "
+                         f"layer(s), fewer than {_PREFIX}pp_degree x {_PREFIX}vpp_degree = "
+                         f"{pp} x {vpp} = {pp * vpp}: every virtual stage needs one")
+    counts = [per_mesh[key] for key in sorted(per_mesh)]
+    short = [(key, n) for key, n in sorted(per_mesh.items()) if n < vpp]
+    if short:
+        key, n = short[0]
+        raise ValueError(
+            f"{_PREFIX}vpp_seg_method={seg!r}: stage mesh {list(key)} holds {n} {kinds} "
+            f"layer(s), fewer than {_PREFIX}vpp_degree={vpp}: each stage deals its layers to "
+            f"its {vpp} chunks and every chunk needs one (layers per stage mesh: {counts})")
 
 
 def check_model(pipeline_strategy, model) -> None:
     """``vpp_seg_method`` (when set, or needed: vpp_degree > 1) names a layer class of
     ``model`` (the user's ``paddle.nn.Layer``), and with vpp_degree > 1 the blocks it names
-    are a positive multiple of pp_degree x vpp_degree (``ValueError`` naming the model's layer
+    are at least vpp_degree on each stage mesh (at least pp_degree x vpp_degree where they
+    are not placed one mesh per stage) (``ValueError`` naming the model's layer
     classes, or the count).  With vpp_degree 1 the engine does not split the blocks (the
     user's meshes place them), so their number is free.  A model that is not a
     ``paddle.nn.Layer`` (``None``, a function the engine traces) has nothing to check.

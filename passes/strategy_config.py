@@ -21,6 +21,7 @@ _PIPE = "_pipesplit_pipe"
 _CHECKED = "_pipesplit_checked_schedule"
 _COSTS = "_pipesplit_costs"
 _MEASURE = "_pipesplit_measure_step"
+_BLOCKS = "_pipesplit_blocks_per_stage_mesh"
 _DEFAULT = "default"
 _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
 
@@ -83,6 +84,36 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
     merge = getattr(strategy, "gradient_merge", None)
     if merge is not None and merge.enable:
         merge.k_steps = pipeline.accumulate_steps
+
+
+def record_block_sizes(pipeline_strategy, model) -> None:
+    """Keep how many blocks the user placed on each stage mesh beside the engine's strategy
+    when they differ between stages (Paddle's VPP test: 7 layers on pp 2): the schedule is
+    then built and simulated with job costs in proportion to each virtual stage's blocks
+    (:func:`sized_costs`), unless :func:`use_costs` gave costs."""
+    from .strategy_checks import blocks_per_stage_mesh
+
+    per_rank = blocks_per_stage_mesh(pipeline_strategy, model)
+    if per_rank is not None and len(set(per_rank)) > 1:
+        setattr(pipeline_strategy, _BLOCKS, per_rank)
+
+
+def sized_costs(pipeline_strategy) -> Optional[Costs]:
+    """Unit job costs scaled per global virtual stage by its share of the blocks (each stage
+    mesh's blocks dealt to its chunks on the schedule's placement:
+    :meth:`~pipesplit.job_list.placement.Placement.deal_blocks`); None for even stages."""
+    from pipesplit.job_list.placement import Placement
+    from pipesplit.job_list.registry import get_spec
+
+    per_rank = getattr(pipeline_strategy, _BLOCKS, None)
+    if per_rank is None:
+        return None
+    placement = Placement(get_spec(requested_schedule(pipeline_strategy)).placement,
+                          int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree))
+    blocks = placement.deal_blocks(per_rank)
+    mean = sum(blocks) / len(blocks)
+    scale = [n / mean for n in blocks]
+    return Costs(forward=scale, backward_b=scale, backward_w=scale)
 
 
 def pipe_from_strategy(pipeline_strategy) -> Pipe:
@@ -188,13 +219,13 @@ def _pipeline_section(strategy):
 
 def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
     """The :class:`PipelineConfig` for Paddle's ``Strategy().pipeline`` section (with the
-    costs :func:`use_costs` gave it)."""
+    costs :func:`use_costs` gave it, else, for stages of uneven size, :func:`sized_costs`)."""
     pp = int(pipeline_strategy.pp_degree)
     attrs = dict(num_micro_batches=int(pipeline_strategy.accumulate_steps),
                  pp_degree=pp, vpp_degree=int(pipeline_strategy.vpp_degree),
                  split_backward=bool(pipeline_strategy.split_backward),
                  pp_stage=_pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage,
-                 costs=getattr(pipeline_strategy, _COSTS, None))
+                 costs=getattr(pipeline_strategy, _COSTS, None) or sized_costs(pipeline_strategy))
     try:
         return PipelineConfig.from_attrs(requested_schedule(pipeline_strategy), attrs)
     except ValueError as e:

@@ -38,7 +38,8 @@ DEFAULTS = {
                                   # plain: paddle.io.DataLoader(batch_size=micro * acc)
     "filtered_mesh": False,       # drop size-1 mesh dims, as Paddle's Llama test does
     "pp_degree_unset": False,     # leave strategy.pipeline.pp_degree at its default 1
-    "gradient_merge": False,      # strategy.gradient_merge.enable, k_steps = acc (mlp_demo)
+    "gradient_merge": None,       # strategy.gradient_merge.enable beside the pipeline, with
+                                  # k_steps = acc ("acc", mlp_demo) or left alone ("default")
     "toggle_modes": False,        # train() / eval() before the first step and between steps
     "hidden": 16, "heads": 2, "vocab": 32, "seq": 8, "lr": 1e-3, "clip": 1.0, "seed": 2024,
 }
@@ -207,8 +208,9 @@ def make_strategy(cfg):
     pipeline.micro_batch_size = cfg["micro"]
     if cfg["gradient_merge"]:  # convention (mlp_demo): the merge beside the pipeline
         strategy.gradient_merge.enable = True
-        strategy.gradient_merge.k_steps = cfg["acc"]
         strategy.gradient_merge.avg = True
+        if cfg["gradient_merge"] == "acc":
+            strategy.gradient_merge.k_steps = cfg["acc"]
     return strategy
 
 
@@ -332,6 +334,7 @@ def run_one(cfg, out_dir: Path):
             diffs[name] = float(np.max(np.abs(
                 local.numpy() - reference_slice(ref_params[name], value, rank))))
     held = [step for step in losses if step is not None]
+    layer_params = {name.split(".")[1] for name in diffs if name.startswith("layers.")}
     record = {
         "config": cfg, "rank": rank, "losses": losses, "reference_losses": ref_losses,
         "max_loss_diff": max((abs(a - b) for ours, ref in zip(held, ref_losses)
@@ -340,6 +343,8 @@ def run_one(cfg, out_dir: Path):
         "max_eval_diff": max((abs(a - b) for a, b in zip(eval_losses, ref_eval)
                               if a is not None), default=None),
         "max_param_diff": max(diffs.values(), default=0.0), "params_compared": len(diffs),
+        "stage": next(s for s in range(cfg["pp"]) if rank in get_mesh(s).process_ids),
+        "layers_held": len(layer_params),
     }
     folder = out_dir / cfg["tag"]
     folder.mkdir(parents=True, exist_ok=True)

@@ -25,10 +25,9 @@ EXPECTED = {
                               "pipesplit.passes.strategy.enable_strategy() was called",
     "one_mesh": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                 "placed on 1 stage mesh(es): [0] ['pp']",
-    "gradient_merge": "ValueError: strategy.gradient_merge.enable with strategy.pipeline.enable: "
-                      "a pipeline step already accumulates "
-                      "strategy.pipeline.accumulate_steps=4 micro-batches before its one update; "
-                      "set strategy.pipeline.accumulate_steps=8",
+    "gradient_merge": "ValueError: strategy.gradient_merge.k_steps=2 with "
+                      "strategy.pipeline.enable: Paddle's engine ignores it and accumulates "
+                      "strategy.pipeline.accumulate_steps=4 micro-batches per update",
     "cpu_support_after_to_static": "RuntimeError: on a CPU build of Paddle call "
                                    "pipesplit.passes.cpu_support.enable() before dist.to_static",
     "empty_loader": "ValueError: the DataLoader given to dist.to_static yields no batch",

@@ -98,3 +98,33 @@ def test_validator_rejects_incomplete_and_duplicate_jobs():
              for r, jobs in enumerate(schedule.ranks)]
     with pytest.raises(ScheduleError, match="appears 2 times"):
         validate(schedule.with_ranks(ranks))
+
+
+@pytest.mark.parametrize("kind,per_rank,counts,stages", [
+    # Paddle's VPP test: 7 layers, pp 2, vpp 2, 4 on stage 0 and 3 on stage 1
+    ("looped", [4, 3], [2, 2, 2, 1], [0, 0, 1, 1, 2, 2, 3]),
+    ("v", [4, 3], [2, 2, 1, 2], [0, 0, 1, 1, 2, 3, 3]),  # rank 1 holds stages 1 and 2
+    ("v", [2, 5], [1, 3, 2, 1], [0, 1, 1, 1, 2, 2, 3]),
+    ("looped", [3, 2], [3, 2], [0, 0, 0, 1, 1]),          # vpp 1: the user's meshes
+])
+def test_blocks_are_dealt_to_each_ranks_chunks_as_paddle_deals_them(kind, per_rank, counts,
+                                                                     stages):
+    placement = Placement(kind, 2, 2 if len(counts) == 4 else 1)
+    assert placement.deal_blocks(per_rank) == counts
+    assert placement.stages_of_blocks(per_rank) == stages
+    held = [sum(1 for s in stages if placement.rank_of(s) == r) for r in range(2)]
+    assert held == per_rank  # every rank keeps its blocks
+
+
+def test_even_blocks_deal_as_the_even_split():
+    for kind in ("looped", "v"):
+        placement = Placement(kind, 4, 2)
+        assert placement.stages_of_blocks([4] * 4) == [placement.stage_of_block(i, 16)
+                                                       for i in range(16)]
+
+
+def test_a_rank_with_fewer_blocks_than_chunks_is_refused():
+    with pytest.raises(ValueError, match=r"rank 0 keeps 1 block\(s\), fewer than vpp = 2"):
+        Placement("v", 2, 2).deal_blocks([1, 6])
+    with pytest.raises(ValueError, match="per_rank must give the blocks of each of the 2 ranks"):
+        Placement("v", 2, 2).deal_blocks([4])

@@ -45,10 +45,51 @@ def test_a_distributed_batch_sampler_counts_this_ranks_samples():
         check_loader(paddle.io.DataLoader(Samples(12), batch_sampler=sampler), accumulate_steps=4)
 
 
+def _micro_batch_loader(n, micro, acc_steps, drop_last=True):
+    """Paddle's auto-parallel tests: a sampler of micro-batches, ``_acc_steps`` per batch."""
+    sampler = paddle.io.BatchSampler(Samples(n), batch_size=micro, drop_last=drop_last)
+    sampler._acc_steps = acc_steps
+    return paddle.io.DataLoader(Samples(n), batch_sampler=sampler)
+
+
+def test_a_micro_batch_sampler_counts_batch_size_times_acc_steps():
+    loader = _micro_batch_loader(16, micro=2, acc_steps=4)
+    assert [len(x) for x, _ in loader] == [8, 8]  # what Paddle yields
+    check_loader(loader, accumulate_steps=4)
+    with pytest.raises(ValueError, match=r"batches hold batch_size=2 x the sampler's "
+                                         r"_acc_steps=3 = 6 samples \(on this rank\), not a "
+                                         r"multiple of strategy.pipeline.accumulate_steps=4"):
+        check_loader(_micro_batch_loader(18, micro=2, acc_steps=3), accumulate_steps=4)
+    with pytest.raises(ValueError, match=r"last batch has 2 samples and the others "
+                                         r"batch_size=2 x the sampler's _acc_steps=4 = 8"):
+        check_loader(_micro_batch_loader(10, micro=2, acc_steps=4, drop_last=False),
+                     accumulate_steps=4)
+
+
+def test_shard_dataloader_keeps_the_acc_steps_per_rank():
+    """``dist.shard_dataloader(..., shard_dims="dp")`` makes a DistributedBatchSampler of
+    batch_size / dp per rank and carries ``_acc_steps`` over: this rank (0 of dp 2) draws
+    batch_size / 2 x _acc_steps samples per batch."""
+    import paddle.distributed as dist
+
+    paddle.disable_static()
+    mesh = dist.ProcessMesh([0, 1], dim_names=["dp"])
+    sharded = dist.shard_dataloader(_micro_batch_loader(32, micro=2, acc_steps=4),
+                                    meshes=[mesh], shard_dims="dp")
+    sampler = sharded._dataloader.batch_sampler
+    assert isinstance(sampler, paddle.io.DistributedBatchSampler)
+    assert (sampler.batch_size, sampler._acc_steps) == (1, 4)
+    check_loader(sharded, accumulate_steps=4)
+    with pytest.raises(ValueError, match=r"batch_size=1 x the sampler's _acc_steps=4 = 4 "
+                                         r"samples \(on this rank\), not a multiple of "
+                                         r"strategy.pipeline.accumulate_steps=3"):
+        check_loader(sharded, accumulate_steps=3)
+
+
 @pytest.mark.parametrize("loader,steps,message", [
     (lambda: _loader(0, 4), 2, "yields no batch"),
     (lambda: _loader(3, 4, drop_last=True), 2, "yields no batch"),
-    (lambda: _loader(12, 6), 4, r"batch_size=6 is not a multiple of "
+    (lambda: _loader(12, 6), 4, r"batches hold batch_size=6 samples \(on this rank\), not a multiple of "
                                 r"strategy.pipeline.accumulate_steps=4"),
     (lambda: _loader(10, 4), 2, "last batch has 2 samples and the others batch_size=4"),
 ])

@@ -117,12 +117,12 @@ def test_pp_degree_must_divide_the_processes(pp, world):
      "searches it, ignoring case, in the layers' class names). Did you mean 'DecoderBlock'? The "
      "model's layer classes: DecoderBlock, Embedding, LayerNorm, Linear, TinyGPT"),
     (dict(), 3,
-     "strategy.pipeline.vpp_seg_method='DecoderBlock' names 3 DecoderBlock layers, not a "
-     "positive multiple of strategy.pipeline.pp_degree x strategy.pipeline.vpp_degree = "
-     "2 x 2 = 4"),
+     "strategy.pipeline.vpp_seg_method='DecoderBlock' names 3 DecoderBlock layer(s), fewer "
+     "than strategy.pipeline.pp_degree x strategy.pipeline.vpp_degree = 2 x 2 = 4: every "
+     "virtual stage needs one"),
     (dict(vpp_seg_method="TinyGPT"), 4,  # the whole model: one block
-     "strategy.pipeline.vpp_seg_method='TinyGPT' names 1 TinyGPT layer, not a positive "
-     "multiple of strategy.pipeline.pp_degree x strategy.pipeline.vpp_degree = 2 x 2 = 4"),
+     "strategy.pipeline.vpp_seg_method='TinyGPT' names 1 TinyGPT layer(s), fewer than "
+     "strategy.pipeline.pp_degree x strategy.pipeline.vpp_degree = 2 x 2 = 4"),
 ])
 def test_seg_method_must_name_the_blocks(fields, blocks, message):
     section = pipeline(**{**ZBV, **fields})
@@ -160,3 +160,121 @@ def test_without_a_layer_only_the_strategy_is_checked():
         check_engine_strategy(pipeline(**{**ZBV, "vpp_seg_method": "NoSuchBlock"}), model, 2)
     with pytest.raises(ValueError, match=starts("strategy.pipeline.pp_degree=2 does not divide")):
         check_engine_strategy(pipeline(**ZBV), None, 3)
+
+
+# -- what Paddle derives itself: gradient merge beside the pipeline, pp_degree from the meshes
+
+def _pipeline_strategy(accumulate_steps=4, merge=None):
+    import paddle.distributed as dist
+
+    strategy = dist.Strategy()
+    strategy.pipeline.enable = True
+    strategy.pipeline.accumulate_steps = accumulate_steps
+    if merge is not None:
+        strategy.gradient_merge.enable = True
+        if merge != "default":
+            strategy.gradient_merge.k_steps = merge
+    return strategy
+
+
+@pytest.mark.parametrize("merge", [None, "default", 4])
+def test_gradient_merge_as_paddle_runs_it_is_accepted_and_set_as_paddle_sets_it(merge):
+    from pipesplit.passes.strategy_checks import check_gradient_merge
+    from pipesplit.passes.strategy_config import fill_in_what_paddle_derives
+
+    strategy = _pipeline_strategy(merge=merge)
+    check_gradient_merge(strategy)
+    fill_in_what_paddle_derives(strategy, None)
+    assert strategy.gradient_merge.k_steps == (1 if merge is None else 4)
+
+
+def test_another_k_steps_says_what_paddle_would_do():
+    from pipesplit.passes.strategy_checks import check_gradient_merge
+
+    strategy = _pipeline_strategy(merge=8)
+    before = copy.deepcopy(strategy.gradient_merge.to_dict())
+    with pytest.raises(ValueError, match=re.escape(
+            "strategy.gradient_merge.k_steps=8 with strategy.pipeline.enable: Paddle's engine "
+            "ignores it and accumulates strategy.pipeline.accumulate_steps=4 micro-batches per "
+            "update")):
+        check_gradient_merge(strategy)
+    assert strategy.gradient_merge.to_dict() == before  # a refusal changes nothing
+
+
+def _on_meshes(model, meshes):
+    import paddle.distributed as dist
+
+    layers = [model.embed] + list(model.blocks) + [model.norm, model.head]
+    for i, layer in enumerate(layers):
+        mesh = meshes[i * len(meshes) // len(layers)]
+        for sub in layer.sublayers(include_self=True):
+            for name, param in list(sub.named_parameters(include_sublayers=False)):
+                setattr(sub, name, dist.shard_tensor(param, mesh, [dist.Replicate()]))
+    return model
+
+
+def test_pp_degree_left_at_1_takes_the_number_of_stage_meshes():
+    import paddle.distributed as dist
+    from pipesplit.passes.strategy_config import fill_in_what_paddle_derives, stage_mesh_count
+
+    paddle.disable_static()
+    meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(2)]
+    model = _on_meshes(TinyGPT(), meshes)
+    assert stage_mesh_count(model) == 2
+    assert stage_mesh_count(TinyGPT()) == 0  # no mesh: nothing to derive
+    strategy = _pipeline_strategy()
+    fill_in_what_paddle_derives(strategy, model)
+    assert strategy.pipeline.pp_degree == 2
+    strategy = _pipeline_strategy()
+    strategy.pipeline.pp_degree = 4  # an explicit value stays (record_pipe refuses it later)
+    fill_in_what_paddle_derives(strategy, model)
+    assert strategy.pipeline.pp_degree == 4
+
+
+def placed(per_mesh):
+    """A TinyGPT whose blocks sit on stage meshes [0] and [1], ``per_mesh`` blocks each."""
+    import paddle.distributed as dist
+
+    paddle.disable_static()
+    meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(2)]
+    model = TinyGPT(blocks=sum(per_mesh))
+    stages = [s for s, n in enumerate(per_mesh) for _ in range(n)]
+    for block, stage in zip(model.blocks, stages):
+        for sub in block.sublayers(include_self=True):
+            for name, param in list(sub.named_parameters(include_sublayers=False)):
+                setattr(sub, name, dist.shard_tensor(param, meshes[stage], [dist.Replicate()]))
+    return model
+
+
+def test_uneven_stages_are_simulated_with_their_sizes():
+    """7 blocks on pp 2, vpp 2 under the V placement: virtual stages of 2, 2, 1, 2 blocks get
+    unit costs scaled by 2 / 1.75 and 1 / 1.75; costs the user gives win; even stages keep
+    the unit costs."""
+    from pipesplit.job_list.costs import Costs
+    from pipesplit.passes.strategy_config import (config_from_strategy, record_block_sizes,
+                                                  use_costs)
+
+    section = pipeline(**ZBV)
+    record_block_sizes(section, placed([4, 3]))
+    costs = config_from_strategy(section, pp_stage=None).costs
+    assert costs.forward == pytest.approx([2 / 1.75, 2 / 1.75, 1 / 1.75, 2 / 1.75])
+    assert costs.backward_b == costs.backward_w == costs.forward
+    given = Costs(forward=2.0)
+    use_costs(section, given)
+    assert config_from_strategy(section, pp_stage=None).costs == given
+    even = pipeline(**ZBV)
+    record_block_sizes(even, placed([2, 2]))
+    assert config_from_strategy(even, pp_stage=None).costs is None
+
+
+def test_uneven_layers_per_stage_mesh_are_served_as_paddle_serves_them():
+    """Paddle's VPP test: 7 layers on pp 2, vpp 2 (each stage keeps its layers); a stage mesh
+    with fewer layers than chunks is refused, naming it."""
+    for per_mesh in ([4, 3], [2, 5]):
+        check_model(pipeline(**ZBV), placed(per_mesh))
+    with pytest.raises(ValueError, match=re.escape(
+            "strategy.pipeline.vpp_seg_method='DecoderBlock': stage mesh [0] holds 1 "
+            "DecoderBlock layer(s), fewer than strategy.pipeline.vpp_degree=2: each stage deals "
+            "its layers to its 2 chunks and every chunk needs one (layers per stage mesh: "
+            "[1, 6])")):
+        check_model(pipeline(**ZBV), placed([1, 6]))
