@@ -353,8 +353,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not dist.is_initialized():
-        dist.init_parallel_env()
+    # no dist.init_parallel_env(): as in Paddle's own scripts, dist.to_static creates the group
     rank, world = dist.get_rank(), dist.get_world_size()
     from pipesplit.passes import strategy as pipesplit_strategy
     if args.paddle:

@@ -368,8 +368,7 @@ def make_loader(args, data):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not dist.is_initialized():
-        dist.init_parallel_env()
+    # no dist.init_parallel_env(): as in Paddle's own scripts, dist.to_static creates the group
     rank, world = dist.get_rank(), dist.get_world_size()
     check_degrees(args, world)
     from pipesplit.passes import strategy as pipesplit_strategy

@@ -8,6 +8,7 @@ timeout) or stalls, :meth:`CommProgress.where` names the job it was in.  Our mul
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -43,26 +44,48 @@ class CommProgress:
             scope.var(PROGRESS_VAR).get_tensor().set(np.zeros([1], np.float32), place)
 
     def where(self, scope) -> str:
-        """The comm job the rank is in, read from the counter in ``scope``."""
+        """Where the rank was, read from the counter in ``scope``: ``waiting in <comm job>``, or
+        that it was not in a communication job (a step without comm jobs, one that failed
+        before the counter was set, or compute after the last comm job)."""
         import numpy as np
 
         var = scope.find_var(PROGRESS_VAR)
         if var is None or not self.sequence or not var.get_tensor()._is_initialized():
-            return "no communication job"
+            return "not in a communication job"
         done = int(round(float(np.array(var.get_tensor()).reshape(-1)[0])))
         if done >= len(self.sequence):
-            return "after its last comm job (compute or optimizer)"
-        return self.describe(done)
+            return "not in a communication job (after its last one: compute or optimizer)"
+        return f"waiting in {self.describe(done)}"
 
 
 #: what Paddle's error says when a gloo peer's connection closes: the C++ type and nothing else
 _BARE_CPP_ERRORS = ("", "std::exception")
 
 
+#: how much of Paddle's message a report quotes (its call stacks run to many kilobytes)
+_QUOTED = 2000
+#: a line that states an error: Paddle's ``XxxError: (Kind) ...`` / ``(Kind) ...`` and
+#: Python's ``XxxError: ...``
+_ERROR_LINE = re.compile(r"^\s*(\w+(Error|Exception)\s*:\s*\S.*|\((\w+)\) \S.*)$")
+
+
+def root_cause(text: str) -> Optional[str]:
+    """The last line of ``text`` that states an error: Paddle puts its cause at the end, after
+    the user's code and the C++ stack (``UnimplementedError: Unimplemented cpu kernel ...``)."""
+    lines = [line.strip() for line in text.splitlines() if _ERROR_LINE.match(line)]
+    return lines[-1] if lines else None
+
+
 def failure_reason(exc: BaseException) -> str:
-    """The error's text, or what it means where Paddle passes on only a bare C++ type name."""
-    text = " ".join(str(exc).split())[:2000]
+    """The error's text (its first :data:`_QUOTED` characters), led by its root cause line
+    where the quoted part would cut it off; or what it means where Paddle passes on only a
+    bare C++ type name."""
+    raw = str(exc)
+    text = " ".join(raw.split())
     if text in _BARE_CPP_ERRORS:
         return ("the connection to its peer broke or timed out without an error message (the "
                 "peer's process ended or stopped responding; see that rank's log)")
-    return text
+    cause = root_cause(raw)
+    if len(text) <= _QUOTED or cause is None or " ".join(cause.split()) in text[:_QUOTED]:
+        return text[:_QUOTED]
+    return f"{cause} (the root cause; Paddle's message begins: {text[:_QUOTED]} ...)"

@@ -56,3 +56,40 @@ def check_pass_inputs(main_program, startup_program, config: PipelineConfig) -> 
     check_programs(main_program, startup_program)
     check_chunk_ids(main_program, config)
     check_one_optimizer_step(main_program)
+
+
+def _reduce_scatter_axes(op) -> list:
+    """The mesh axes over which a ``dist_op.reshard`` turns a partial value into a shard (a
+    reduce-scatter: how sequence parallel leaves a row-parallel layer); [] for any other."""
+    src, dst = op.operand_source(0).dist_attr(), op.result(0).dist_attr()
+    if src is None or dst is None:
+        return []
+    sharded = {axis for axis in dst.dims_mapping if axis >= 0}
+    return sorted(set(src.partial_dims) & sharded)
+
+
+def check_sequence_parallel(dist_program, vpp_degree: int, cpu_build: bool) -> None:
+    """``ValueError`` naming sequence parallel, before anything runs, where pipesplit cannot
+    serve it: on a CPU build (Paddle 3.3.1 has no CPU kernel for its reduce-scatter, which fails
+    mid-step as ``Unimplemented cpu kernel for CReduceScatterOp``) and with ``vpp_degree`` > 1
+    (Paddle's chunk completion cannot place its reshards: an ``IndexError`` there, and Paddle's
+    own VPP fails on it too).  Sequence parallel is found by what it does: a ``dist.reshard``
+    of a partial value to a shard over the same mesh axis."""
+    if not cpu_build and vpp_degree < 2:
+        return
+    for op in dist_program.global_block().ops:
+        if op.name() != "dist_op.reshard":
+            continue
+        axes = _reduce_scatter_axes(op)
+        if not axes:
+            continue
+        mesh = op.result(0).dist_attr().process_mesh
+        names = [mesh.dim_names[a] for a in axes]
+        why = "a CPU build of Paddle 3.3.1 has no reduce-scatter kernel" if cpu_build else \
+            f"strategy.pipeline.vpp_degree={vpp_degree}: Paddle's chunk completion cannot " \
+            "place its reshards across chunks"
+        raise ValueError(
+            f"sequence parallel (a dist.reshard of a partial value to a shard over mesh dim "
+            f"{names[0]!r}: a reduce-scatter, on mesh {list(mesh.process_ids)}) cannot be "
+            f"served here: {why}; train without sequence parallel"
+            + ("" if cpu_build else " or with strategy.pipeline.vpp_degree = 1"))

@@ -149,7 +149,7 @@ def dist_model_init(original):
 
         pod = os.environ.pop("POD_NAME", None)
         try:
-            if pod is not None:
+            if paddle.distributed.get_world_size() > 1:
                 ensure_global_group()
             original(self, *args, **kwargs)
         finally:

@@ -5,7 +5,8 @@ run on CPU processes (gloo) reaches before the first step; :func:`enable` patche
 and only on a build without CUDA / XPU (on such a build it does nothing):
 
 * ``ProcessGroup.instantiate`` asserts ``No CUDA device found``: a gloo comm context is
-  registered for the group's ring instead (ring 0 comes from ``dist.init_parallel_env()``).
+  registered for the group's ring instead (ring 0 is the global group: the script's
+  ``dist.init_parallel_env()``, or the one ``DistModel`` creates when the script made none).
 * ``core.reshard`` of a parameter whose mesh excludes this rank crashes (SIGSEGV) when the
   tensor holds no data: such a tensor is returned unchanged, which is what the engine's
   parameter set-up does with it anyway (it drops it).  A replicated parameter that moves to
@@ -14,7 +15,9 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
 * The engine's ``barrier`` op needs an NCCL context: on ring 0 it becomes
   ``paddle.distributed.barrier()`` over the gloo group.
 * ``DistModel`` calls ``fleet.init`` under the launcher, whose hybrid gloo groups fail at random
-  with more than two CPU processes and which the engine does not need: skipped.
+  with more than two CPU processes and which the engine does not need: skipped; the global
+  group it would create is created instead when the script has not (Paddle's own scripts
+  never call ``dist.init_parallel_env()``).
 
 * Paddle's own pipeline plans (FThenB, 1F1B, VPP through the engine) carry ``send_v2`` /
   ``recv_v2``, whose CPU kernels are stubs: when the engine hands the plan to its executor

@@ -16,6 +16,7 @@ from pipesplit.ir_utils.p2p import backend_for, resolve_device
 from pipesplit.job_list.registry import get_spec
 
 from .block_placement import FED_MESHES, assign_placement
+from .checks import check_sequence_parallel
 from .cpu_hooks import needed as cpu_support_needed
 from .core import PipelinePlan
 from .engine import build_engine_rank_plan, is_engine_program
@@ -196,7 +197,7 @@ def name_a_failed_step(original):
         except Exception as exc:
             raise RuntimeError(
                 f"pipesplit: rank {paddle.distributed.get_rank()} failed in {mode} step {step} "
-                f"after {time.monotonic() - started:.1f} s, waiting in {progress.where(scope)}: "
+                f"after {time.monotonic() - started:.1f} s, {progress.where(scope)}: "
                 f"{failure_reason(exc)}") from exc
     return run
 
@@ -365,6 +366,8 @@ def complete_chunk_id(original):
             return None
         record_pipe(dist_program, pipeline_strategy)
         check_labels_are_class_ids(dist_program)
+        check_sequence_parallel(dist_program, int(pipeline_strategy.vpp_degree),
+                                cpu_build=cpu_support_needed())
         if int(pipeline_strategy.vpp_degree) < 2:
             return None
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program

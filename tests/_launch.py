@@ -27,6 +27,10 @@ class Launch:
     output: str
     logs: List[Path]
 
+    def worker_text(self) -> str:
+        """Every worker's log, joined in rank order (for assertions on what they printed)."""
+        return "".join(log.read_text(errors="replace") for log in self.logs)
+
     def report(self) -> str:
         """Each rank's first error line and last lines, then the launcher's last lines."""
         parts = []

@@ -8,9 +8,6 @@ every parameter with the script's own one-process dygraph reference (same micro-
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,23 +21,14 @@ from pipesplit.passes import cpu_support
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes.engine import block_meshes, is_engine_program
 
+from _launch import launch
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "auto_parallel_pipeline.py"
 TOL = 1e-6
 
 
 GRID = ROOT / "tests" / "engine_grid.py"
-
-
-def _launch(workdir: Path, script: Path, *args, nproc: int = 2):
-    """``nproc`` processes under paddle.distributed.launch; returns (rc, the workers' logs)."""
-    logs = workdir / "log"
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", str(logs), str(script), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    worker_logs = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("workerlog.*")))
-    return proc.returncode, worker_logs
 
 
 VPP_OF = {"VPP": 2, "InterleavedZB": 2, "ZBV": 2, "ZBVPP": 2, "DualPipeV": 2}
@@ -113,8 +101,8 @@ def grid(tmp_path_factory):
     """All configurations in ONE two-process launch; tag -> the example's JSON record."""
     work = tmp_path_factory.mktemp("engine_grid")
     (work / "configs.json").write_text(json.dumps(CONFIGS))
-    rc, logs = _launch(work, GRID, work / "configs.json", work)
-    assert rc == 0, logs[-4000:]
+    done = launch(work, GRID, work / "configs.json", work)
+    assert done.returncode == 0, done.report()
     return {tag: json.loads((work / f"{tag}.json").read_text()) for tag, _ in CONFIGS}
 
 
@@ -214,9 +202,8 @@ def test_engine_on_four_cpu_ranks_trains_like_the_reference(tmp_path):
     every transfer, the senders' shapes shared through the launcher's store)."""
     configs = [(tag, args + ["--steps", "2"]) for tag, args in FOUR_RANK_CONFIGS]
     (tmp_path / "configs.json").write_text(json.dumps(configs))
-    rc, logs = _launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, "--no-fleet",
-                       nproc=4)
-    assert rc == 0, logs[-4000:]
+    done = launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, "--no-fleet", nproc=4)
+    assert done.returncode == 0, done.report()
     for tag, args in configs:
         record = json.loads((tmp_path / f"{tag}.json").read_text())
         assert record["pp"] == 4
@@ -235,9 +222,10 @@ def test_clipping_acts_on_the_average_unlike_paddles_own_pass(grid):
 @pytest.mark.slow
 def test_meshes_that_contradict_the_schedule_are_refused(tmp_path):
     # blocks placed in V order (ranks 0, 1, 1, 0) while the schedule is looped VPP
-    rc, logs = _launch(tmp_path, EXAMPLE, "--schedule", "VPP", "--vpp", "2",
-                       "--mesh-order", "ZBV", "-m", "4", "--steps", "1")
-    assert rc != 0
+    done = launch(tmp_path, EXAMPLE, "--schedule", "VPP", "--vpp", "2",
+                  "--mesh-order", "ZBV", "-m", "4", "--steps", "1")
+    assert done.returncode != 0
+    logs = done.worker_text()
     assert ("ValueError: strategy.pipeline.schedule_mode='VPP' makes stage 3 (rank 1, chunk 1) "
             "the last stage, but the engine's program has a pd_op.send_v2 (send_forward) with "
             "rank 0: the stage meshes contradict the schedule's placement") in logs
@@ -306,13 +294,9 @@ def test_cuda_plans_of_four_ranks_have_the_right_rings_peers_and_events(tmp_path
     from pipesplit.job_list.placement import Placement
     from pipesplit.job_list.registry import get_spec
 
-    logs = tmp_path / "log"
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "4",
-           "--log_dir", str(logs), str(STRUCTURE), str(tmp_path), "--schedule", schedule,
-           "--vpp", "2", "--layers", "8", "-m", "4"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    worker_logs = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("workerlog.*")))
-    assert proc.returncode == 0, worker_logs[-3000:]
+    done = launch(tmp_path, STRUCTURE, tmp_path, "--schedule", schedule, "--vpp", "2",
+                  "--layers", "8", "-m", "4", nproc=4, timeout=600)
+    assert done.returncode == 0, done.report()
     placement = Placement(get_spec(schedule).placement, 4, 2)
     rings = {}
     for rank in range(4):
@@ -354,8 +338,8 @@ def test_engine_on_two_gpus_trains_like_the_reference(tmp_path):
                if tag in ("1F1B_m4", "VPP_m3", "ZBH1_m4", "ZBV_m4", "DualPipeV_m3",
                           "1F1B_m4_clipglobal")]
     (tmp_path / "configs.json").write_text(json.dumps(configs))
-    rc, logs = _launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path)
-    assert rc == 0, logs[-4000:]
+    done = launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path)
+    assert done.returncode == 0, done.report()
     for tag, _ in configs:
         record = json.loads((tmp_path / f"{tag}.json").read_text())
         assert record["max_loss_diff"] <= 1e-5 and record["max_param_diff"] <= 1e-5, tag

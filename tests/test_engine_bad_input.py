@@ -42,11 +42,11 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from test_engine import _launch
+    from _launch import launch
 
     work = tmp_path_factory.mktemp("bad_strategy")
-    rc, logs = _launch(work, SCRIPT, work / "out.json")
-    assert rc == 0, logs[-4000:]
+    done = launch(work, SCRIPT, work / "out.json")
+    assert done.returncode == 0, done.report()
     return json.loads((work / "out.json").read_text())
 
 

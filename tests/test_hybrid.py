@@ -33,11 +33,11 @@ def _args(mesh, schedule, *extra):
 
 
 def _run_grid(tmp_path, configs, nproc):
-    from test_engine import _launch
+    from _launch import launch
 
     (tmp_path / "configs.json").write_text(json.dumps(configs))
-    rc, logs = _launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, nproc=nproc)
-    assert rc == 0, logs[-4000:]
+    done = launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, nproc=nproc)
+    assert done.returncode == 0, done.report()
     return {tag: json.loads((tmp_path / f"{tag}.json").read_text()) for tag, _ in configs}
 
 
@@ -155,14 +155,14 @@ def _collectives(ops):
 def structure(tmp_path_factory):
     """The NCCL plans of dp2 x mp2 x pp2 (8 processes, one launch), built on a CPU build:
     (tag, rank) -> the rank's record."""
-    from test_engine import _launch
+    from _launch import launch
 
     work = tmp_path_factory.mktemp("llama_structure")
     configs = [(name, ["--dp", "2", "--mp", "2", "--pp", "2", "--schedule", name, "--vpp",
                        str(VPP_OF.get(name, 1)), "-m", "4"]) for name in STRUCTURE_SCHEDULES]
     (work / "configs.json").write_text(json.dumps(configs))
-    rc, logs = _launch(work, STRUCTURE, work / "configs.json", work, nproc=DP * PP * MP)
-    assert rc == 0, logs[-4000:]
+    done = launch(work, STRUCTURE, work / "configs.json", work, nproc=DP * PP * MP)
+    assert done.returncode == 0, done.report()
     return {(tag, r): json.loads((work / f"{tag}.rank{r}.json").read_text())
             for tag, _ in configs for r in range(DP * PP * MP)}
 

@@ -54,7 +54,7 @@ def _micro_batch_loader(n, micro, acc_steps, drop_last=True):
 
 def test_a_micro_batch_sampler_counts_batch_size_times_acc_steps():
     loader = _micro_batch_loader(16, micro=2, acc_steps=4)
-    assert [len(x) for x, _ in loader] == [8, 8]  # what Paddle yields
+    assert [len(batch) for batch in loader.batch_sampler] == [8, 8]  # what Paddle yields
     check_loader(loader, accumulate_steps=4)
     with pytest.raises(ValueError, match=r"batches hold batch_size=2 x the sampler's "
                                          r"_acc_steps=3 = 6 samples \(on this rank\), not a "

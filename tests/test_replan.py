@@ -24,7 +24,7 @@ from pipesplit.passes.replan import (MEASURED_STEP, costs_from, job_times, profi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_replan import COST_FILE, INJECTED, STEPS  # noqa: E402
-from test_engine import _launch  # noqa: E402
+from _launch import launch  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent / "engine_replan.py"
 TOL = 1e-5
@@ -166,8 +166,8 @@ def test_replan_needs_a_dist_model():
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     work = tmp_path_factory.mktemp("replan")
-    rc, logs = _launch(work, SCRIPT, work)
-    assert rc == 0, logs[-6000:]
+    done = launch(work, SCRIPT, work)
+    assert done.returncode == 0, done.report()
     return {name: [json.loads((work / f"{name}.rank{r}.json").read_text()) for r in range(2)]
             for name in ("measured", "injected", "given")}
 

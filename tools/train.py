@@ -89,8 +89,7 @@ class Watchdog:
         return self.info.progress.where(self.scope)
 
     def report(self, what) -> str:
-        return (f"pipesplit train: rank {self.rank} {what} in step {self.step}, waiting in "
-                f"{self.where()}")
+        return f"pipesplit train: rank {self.rank} {what} in step {self.step}, {self.where()}"
 
     def _run(self):
         while not self._stop.wait(0.5):
