@@ -41,6 +41,8 @@ DEFAULTS = {
     "gradient_merge": None,       # strategy.gradient_merge.enable beside the pipeline, with
                                   # k_steps = acc ("acc", mlp_demo) or left alone ("default")
     "toggle_modes": False,        # train() / eval() before the first step and between steps
+    "sequence_parallel": False,   # activations cut along the sequence over mp (Llama's sp)
+    "expect_error": None,         # a refusal expected before training: its message's start
     "hidden": 16, "heads": 2, "vocab": 32, "seq": 8, "lr": 1e-3, "clip": 1.0, "seed": 2024,
 }
 
@@ -99,6 +101,7 @@ class DecoderLayer(nn.Layer):
         super().__init__()
         h = cfg["hidden"]
         self.stage, self.heads = stage, cfg["heads"]
+        self.sequence_parallel = cfg["sequence_parallel"] and stage is not None
         self.norm1, self.norm2 = RMSNorm(h, stage), RMSNorm(h, stage)
         for name, shape, mp in (("q", [h, h], 1), ("k", [h, h], 1), ("v", [h, h], 1),
                                 ("o", [h, h], 0), ("gate", [h, 2 * h], 1),
@@ -112,7 +115,12 @@ class DecoderLayer(nn.Layer):
         q, k, v = ((y @ w).reshape([b, s, self.heads, d]).transpose([0, 2, 1, 3])
                    for w in (self.q, self.k, self.v))
         probs = F.softmax(q @ k.transpose([0, 1, 3, 2]) / math.sqrt(d) + mask, axis=-1)
-        x = x + (probs @ v).transpose([0, 2, 1, 3]).reshape([b, s, h]) @ self.o
+        attn = (probs @ v).transpose([0, 2, 1, 3]).reshape([b, s, h]) @ self.o
+        if self.sequence_parallel:  # the row-parallel output reduce-scattered along the sequence
+            mesh = get_mesh(self.stage)
+            attn = dist.reshard(attn, mesh, placements(mesh, dp=0, mp=1))
+            attn = dist.reshard(attn, mesh, placements(mesh, dp=0))
+        x = x + attn
         y = self.norm2(x)
         return x + (F.silu(y @ self.gate) * (y @ self.up)) @ self.down
 
@@ -324,8 +332,19 @@ def dp_index_of(rank, cfg):
 
 
 def run_one(cfg, out_dir: Path):
-    losses, eval_losses, dist_model = train(cfg)
     rank = dist.get_rank()
+    folder = out_dir / cfg["tag"]
+    folder.mkdir(parents=True, exist_ok=True)
+    if cfg["expect_error"]:  # every rank refuses before any collective: the next config runs
+        try:
+            train(cfg)
+            error = None
+        except Exception as exc:  # noqa: BLE001 (the refusal under test)
+            error = f"{type(exc).__name__}: {exc}"
+        (folder / f"rank{rank}.json").write_text(json.dumps({"config": cfg, "rank": rank,
+                                                              "error": error}))
+        return
+    losses, eval_losses, dist_model = train(cfg)
     ref_losses, ref_eval, ref_params = reference(cfg, dp_index_of(rank, cfg))
     diffs = {}
     for name, value in dist_model.state_dict("param").items():
@@ -346,8 +365,6 @@ def run_one(cfg, out_dir: Path):
         "stage": next(s for s in range(cfg["pp"]) if rank in get_mesh(s).process_ids),
         "layers_held": len(layer_params),
     }
-    folder = out_dir / cfg["tag"]
-    folder.mkdir(parents=True, exist_ok=True)
     (folder / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
 
 

@@ -52,6 +52,11 @@ FOUR_PROCESSES = [
     {"tag": "mp2pp2_ZBV", "schedule": "ZBV", "vpp": 2, "mp": 2},
     {"tag": "dp2pp2_1F1B_filtered_pp_unset", "schedule": "1F1B", "dp": 2,
      "filtered_mesh": True, "pp_degree_unset": True},
+    # sequence parallel cannot run on a CPU build: refused on every rank before anything runs
+    {"tag": "mp2pp2_ZBV_sequence_parallel", "schedule": "ZBV", "vpp": 2, "mp": 2,
+     "sequence_parallel": True,
+     "expect_error": "ValueError: sequence parallel (a dist.reshard of a partial value to a "
+                     "shard over mesh dim 'mp': a reduce-scatter"},
 ]
 
 #: two launchers on this machine as two nodes of 2 processes each
@@ -73,6 +78,11 @@ def _run(tmp_path: Path, configs, nproc: int = 2, nodes: int = 1) -> dict:
 def _check(results: dict, world: int) -> None:
     for tag, ranks in results.items():
         assert len(ranks) == world, f"{tag}: {len(ranks)} of {world} ranks wrote a result"
+        expected = ranks[0]["config"]["expect_error"]
+        if expected:
+            for r in ranks:
+                assert (r["error"] or "").startswith(expected), (tag, r["rank"], r["error"])
+            continue
         holders = [r for r in ranks if r["max_loss_diff"] is not None]
         assert holders, f"{tag}: no rank returned a loss"
         for r in ranks:
