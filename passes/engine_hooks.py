@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Dict, Optional
 
 from pipesplit.ir_utils.comm_progress import failure_reason
 from pipesplit.ir_utils.p2p import backend_for, resolve_device
@@ -210,6 +211,9 @@ class Replanned:
     costs: object             # pipesplit.job_list.Costs the plan was built with
     before: PipelinePlan
     after: PipelinePlan
+    #: seconds of each phase of a measured re-plan on this process (profiler set-up, waits at
+    #: the rendezvous, the step, the exchange, the search and build)
+    timings: Dict[str, float] = field(default_factory=dict)
 
 
 def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
@@ -217,8 +221,6 @@ def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
     (:class:`~pipesplit.job_list.Costs`; ``auto`` / ``autoV`` search again, every lowering
     uses them) and run it from the next training step on.  Every process must call it
     between the same two steps, with the same costs.  Returns the new plan."""
-    from dataclasses import replace
-
     from pipesplit.job_list.costs import Costs
 
     if not isinstance(costs, Costs):
@@ -276,16 +278,51 @@ def measure_and_replan(original):
         if step != measured_step(self._strategy.pipeline) or \
                 getattr(before, "source_program", None) is None:
             return original(self, *args, **kwargs)
-        from .replan import costs_from, profile_jobs, rank_measurement, share
+        import paddle.distributed as dist
 
-        logs, jobs = profile_jobs(lambda: original(self, *args, **kwargs))
+        from .replan import costs_from, profile_jobs, rank_measurement, rendezvous, share
+
         key = f"pipesplit/measured/{_exchanges[0]}"
         _exchanges[0] += 1
+        rank, world = dist.get_rank(), dist.get_world_size()
+        clock = _Clock()
+
+        def measured():
+            clock.lap("profiler_start_s")
+            clock.lap("wait_before_step_s", rendezvous(
+                f"{key}/step", f"the measured training step {step}", rank, world))
+            return original(self, *args, **kwargs)
+
+        logs, jobs = profile_jobs(measured)
+        clock.lap("step_s")
         everyone = share(rank_measurement(jobs, before.config), key)
+        clock.lap("exchange_s")
         comm_mode = "rendezvous" if backend_for(resolve_device("auto")) == "gloo" else "latency"
         replan(self, costs_from(everyone, before.config.num_stages, comm_mode), step)
+        clock.lap("replan_s")
+        clock.lap("wait_after_replan_s", rendezvous(
+            f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,
+            world))
+        self.__dict__[REPLANNED] = replace(self.__dict__[REPLANNED], timings=clock.laps)
+        print(f"pipesplit: rank {rank} measured training step {step} and re-planned: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in clock.laps.items()), file=sys.stderr,
+              flush=True)
         return logs
     return run
+
+
+class _Clock:
+    """Named laps of one measured re-plan (seconds); a wait measured elsewhere is counted as
+    its own lap and taken out of the next."""
+
+    def __init__(self):
+        self.laps: Dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, name: str, seconds: Optional[float] = None) -> None:
+        now = time.monotonic()
+        self.laps[name] = round(now - self._last if seconds is None else seconds, 3)
+        self._last = now if seconds is None else self._last + seconds
 
 
 def whole_batch_spec(original):

@@ -76,7 +76,8 @@ def scenario(name, out: Path):
             "step": done.step, "costs": done.costs.to_dict(),
             "before_order": [list(j) for j in done.before.job_order],
             "after_order": [list(j) for j in done.after.job_order],
-            "after_ranks": [[str(j) for j in jobs] for jobs in done.after.schedule.ranks]},
+            "after_ranks": [[str(j) for j in jobs] for jobs in done.after.schedule.ranks],
+            "timings": done.timings},
         "executed_after": executed,
         "plan_costs": None if trained_with is None else trained_with.to_dict()}
     (out / f"{name}.rank{dist.get_rank()}.json").write_text(json.dumps(record))

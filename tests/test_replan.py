@@ -8,6 +8,7 @@ measured re-plan, a re-plan with fixed costs injected and a given cost file.
 from __future__ import annotations
 
 import contextlib
+import re
 import json
 import sys
 from pathlib import Path
@@ -163,6 +164,39 @@ def test_replan_needs_a_dist_model():
         ps_strategy.replanned(3)
 
 
+def _store(master: bool, port: int):
+    from paddle.base import core
+
+    return core.TCPStore("127.0.0.1", port, master, 1, 30)
+
+
+def test_the_rendezvous_names_the_rank_that_did_not_arrive(monkeypatch):
+    """Two processes' arrivals through a real TCP store (one a second client in a thread):
+    together they pass; alone, rank 0 gives up after the bound, naming rank 1 and the phase."""
+    import threading
+    from _launch import free_port
+    from pipesplit.passes.replan import TIMEOUT_ENV, rendezvous, rendezvous_timeout
+
+    port = free_port()
+    store = _store(True, port)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "pipesplit: rank 0 waited 0.2 s at the rendezvous before the measured training "
+            "step 1; rank(s) [1] of 2 did not arrive")):
+        rendezvous("alone", "the measured training step 1", 0, 2, store, timeout_s=0.2)
+    peer = threading.Thread(target=rendezvous, args=("together", "x", 1, 2, _store(False, port),
+                                                     5.0))
+    peer.start()
+    assert rendezvous("together", "x", 0, 2, store, timeout_s=5.0) < 5.0
+    peer.join()
+    monkeypatch.setenv(TIMEOUT_ENV, "45")
+    assert rendezvous_timeout() == 45.0
+    for bad in ("0", "-3", "soon", "inf", "nan"):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"{TIMEOUT_ENV} must be a positive number of "
+                                             f"seconds, got '{bad}'"):
+            rendezvous_timeout()
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     work = tmp_path_factory.mktemp("replan")
@@ -195,6 +229,10 @@ def test_auto_measures_step_1_and_replans_once(launched):
     for r in ranks:
         assert r["executed_after"] == r["replanned"]["after_order"]
         assert r["plan_costs"] == done[0]["costs"]
+        # every phase timed, the ranks met before the measured step and after the re-plan
+        assert list(r["replanned"]["timings"]) == [
+            "profiler_start_s", "wait_before_step_s", "step_s", "exchange_s", "replan_s",
+            "wait_after_replan_s"]
     _trains_like_the_reference(ranks)
 
 
