@@ -29,6 +29,9 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.io import BatchSampler, DataLoader, Dataset
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from llama_auto_parallel import reference_slice  # noqa: E402 (the check, not the script)
+
 DEFAULTS = {
     "tag": "run", "schedule": "1F1B", "vpp": 1, "dp": 1, "pp": 2, "mp": 1,
     "layers": 4,                  # decoder layers, placed on the stage meshes in model order
@@ -307,20 +310,6 @@ def reference(cfg, dp_index):
 def _micro_rows(cfg, base, dp_index, part):
     return [slice(base + k * cfg["micro"] + dp_index * part,
                   base + k * cfg["micro"] + (dp_index + 1) * part) for k in range(cfg["acc"])]
-
-
-def reference_slice(whole, value, rank):
-    """The part of ``whole`` this rank holds of the dist tensor ``value``."""
-    if not value.is_dist():
-        return whole
-    mesh = value.process_mesh
-    coord = np.argwhere(np.asarray(mesh.process_ids).reshape(mesh.shape) == rank)[0]
-    index = [slice(None)] * whole.ndim
-    for axis, p in enumerate(value.placements):
-        if p.is_shard():
-            size = whole.shape[p.get_dim()] // mesh.shape[axis]
-            index[p.get_dim()] = slice(coord[axis] * size, (coord[axis] + 1) * size)
-    return whole[tuple(index)]
 
 
 def dp_index_of(rank, cfg):

@@ -1,7 +1,7 @@
 """Stress check of ``auto``'s measured step and re-plan through the engine on a loaded machine
 (not part of CI): ``--runs`` two-process launches of ``examples/llama_auto_parallel.py`` (a
 Llama on 2-D stage meshes, ``auto`` and ``autoV`` in turn: step 1 is measured and the plan
-rebuilt) while another two-process training job runs beside them the whole time.
+rebuilt) while ``--load-jobs`` other two-process training jobs run beside them the whole time.
 
     python tools/stress_replan.py --runs 10 --json stress.json
 
@@ -53,18 +53,18 @@ def _first_errors(log_dir: Path) -> dict:
 
 
 class Load:
-    """Another multi-process job beside the stress runs, restarted whenever it ends."""
+    """Another two-process training job beside the stress runs, restarted whenever it ends."""
 
-    def __init__(self, work: Path, steps: int):
-        self.work, self.steps, self.proc, self.started = work, steps, None, 0
+    def __init__(self, work: Path, steps: int, name: str):
+        self.work, self.steps, self.name, self.proc, self.started = work, steps, name, None, 0
 
     def keep_running(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             self.started += 1
-            log_dir = self.work / f"load{self.started}"
+            log_dir = self.work / f"{self.name}_{self.started}"
             self.proc = subprocess.Popen(
                 _launch_cmd(LOAD, log_dir, ["--schedule", "1F1B", "-m", "8", "--steps",
-                                            self.steps, "--tag", f"load{self.started}"]),
+                                            self.steps, "--tag", log_dir.name]),
                 cwd=self.work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True)
 
@@ -74,12 +74,13 @@ class Load:
             self.proc.wait()
 
 
-def stress(runs: int, load_steps: int, timeout: int, work: Path) -> dict:
-    load = Load(work, load_steps)
+def stress(runs: int, load_jobs: int, load_steps: int, timeout: int, work: Path) -> dict:
+    loads_running = [Load(work, load_steps, f"load{j}") for j in range(load_jobs)]
     rows, loads = [], []
     try:
         for i in range(runs):
-            load.keep_running()
+            for load in loads_running:
+                load.keep_running()
             time.sleep(2)  # the load job is past its start-up, training
             schedule = ("auto", "autoV")[i % 2]
             log_dir = work / f"run{i}"
@@ -92,7 +93,8 @@ def stress(runs: int, load_steps: int, timeout: int, work: Path) -> dict:
             samples = []
             while proc.poll() is None and time.monotonic() - started < timeout:
                 samples.append(os.getloadavg()[0])
-                load.keep_running()
+                for load in loads_running:
+                    load.keep_running()
                 time.sleep(1)
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
@@ -108,10 +110,13 @@ def stress(runs: int, load_steps: int, timeout: int, work: Path) -> dict:
             loads.extend(samples)
             print(_row_text(rows[-1]), flush=True)
     finally:
-        load.stop()
+        for load in loads_running:
+            load.stop()
     return {"runs": rows, "passed": sum(r["ok"] for r in rows), "of": runs,
             "load_average_1min": {"median": _median(loads), "max": max(loads, default=None)},
-            "load_jobs_started": load.started, "cpus": os.cpu_count()}
+            "load_jobs": load_jobs,
+            "load_jobs_started": sum(load.started for load in loads_running),
+            "cpus": os.cpu_count()}
 
 
 def _median(values):
@@ -132,6 +137,8 @@ def _row_text(row: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--load-jobs", type=int, default=1,
+                   help="two-process training jobs running beside the stress runs")
     p.add_argument("--load-steps", type=int, default=300,
                    help="training steps of each load job (restarted when it ends)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per stress run")
@@ -139,11 +146,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")
+    if args.load_jobs < 0:
+        p.error(f"--load-jobs must be >= 0, got {args.load_jobs}")
     with tempfile.TemporaryDirectory(prefix="pipesplit_stress_") as work:
-        report = stress(args.runs, args.load_steps, args.timeout, Path(work))
+        report = stress(args.runs, args.load_jobs, args.load_steps, args.timeout, Path(work))
     print(f"{report['passed']} / {report['of']} passed; 1-minute load average median "
           f"{report['load_average_1min']['median']}, max {report['load_average_1min']['max']} "
-          f"on {report['cpus']} CPUs; {report['load_jobs_started']} load job(s)")
+          f"on {report['cpus']} CPUs; {report['load_jobs']} load job(s) beside, "
+          f"{report['load_jobs_started']} started")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
