@@ -24,7 +24,7 @@ from .engine import build_engine_rank_plan, is_engine_program
 from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, restore_user_placements
 from .loader_checks import check_labels_are_class_ids, check_loader
 from .pipeline import split_and_schedule
-from .strategy_checks import check_engine_strategy, check_fields, check_gradient_merge
+from .strategy_checks import check_fields, check_gradient_merge, check_model, check_world
 from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, checked_schedule,
                               config_from_strategy, fill_in_what_paddle_derives, measured_step,
                               pipe_from_strategy, record_block_sizes, record_pipe,
@@ -105,11 +105,14 @@ def engine_init(original):
         if pipeline.enable and getattr(pipeline, REQUESTED_ATTR, None) is None:
             import paddle.distributed as dist
 
+            # check_engine_strategy's three checks, with what Paddle derives filled in
+            # between the field types and the checks that read pp_degree
             check_fields(pipeline)
             check_gradient_merge(self._strategy)
             fill_in_what_paddle_derives(self._strategy, self._model)
             self._acc_steps = pipeline.accumulate_steps  # (Paddle's __init__ read k_steps)
-            check_engine_strategy(pipeline, self._model, dist.get_world_size())
+            check_world(pipeline, dist.get_world_size())
+            check_model(pipeline, self._model)
             record_block_sizes(pipeline, self._model)
             check_strategy(pipeline)
             setattr(pipeline, REQUESTED_ATTR, str(pipeline.schedule_mode))
