@@ -71,13 +71,12 @@ def _blocks_in_model_order(ops, seg_method, meshes) -> bool:
 #: ops that keep their mesh: reshards (re-made where needed), parameters (they move with their
 #: readers) and data (placed apart: :func:`_place_feeds`)
 _STAY = ("dist_op.reshard", "builtin.parameter", "pd_op.data")
-#: the pipeline strategy's note of the feeds a ``dist.shard_dataloader`` puts on given meshes
-FED_MESHES = "_pipesplit_fed_meshes"
 
 
-def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
+def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
-    (non-decreasing) the meshes of the ``kind`` placement (looped or V), in place: each stage
+    (non-decreasing) the meshes of the placement of the engine's schedule (``state``: its
+    :class:`~.engine_state.EngineState`; looped or V), in place: each stage
     mesh keeps as many blocks as the user placed on it, dealt one by one to its chunks, and the
     blocks fill the virtual stages in model order (``Placement.stages_of_blocks``), each on its
     rank (looped: s = c*pp + r; V: the same for even chunks c, s = c*pp + pp-1-r for odd ones;
@@ -98,9 +97,9 @@ def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
     meshes = get_sub_process_mesh_by_program(dist_program)
     if not _blocks_in_model_order(dist_program.global_block().ops, seg_method, meshes):
         return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
-    target = _targets(dist_program, pipeline_strategy, kind, meshes)
+    target = _targets(dist_program, pipeline_strategy, state, meshes)
     moved = _reshard_boundaries(dist_program, target)
-    _check_feeds_reach_their_readers(moved, target, meshes, kind, pipeline_strategy)
+    _check_feeds_reach_their_readers(moved, target, meshes, state)
     for op in dist_program.global_block().ops:
         if op.id() in target:
             mesh, chunk, _ = target[op.id()]
@@ -117,17 +116,15 @@ def assign_placement(dist_program, pipeline_strategy, kind: str) -> bool:
     return True
 
 
-def _targets(dist_program, pipeline_strategy, kind, meshes) -> dict:
+def _targets(dist_program, pipeline_strategy, state, meshes) -> dict:
     """op id -> (mesh, chunk) of every op that moves with its block (the model-order stage
     reshards are dropped first: new boundaries follow)."""
     from paddle.distributed.auto_parallel.static.pir_pass import (_extract_seg_method,
                                                                   _get_seg_struct_names)
-    from pipesplit.job_list.placement import Placement
-
-    pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
+    placement = state.checked.placement
+    pp, vpp = placement.pp, placement.vpp
     seg_method = pipeline_strategy.vpp_seg_method
     segments = _get_seg_struct_names(dist_program.global_block().ops, seg_method)
-    placement = Placement(kind, pp, vpp)
     per_rank = _blocks_per_stage_mesh(dist_program.global_block().ops, seg_method, meshes)
     if sum(per_rank) != len(segments):
         raise ValueError(f"strategy.pipeline.vpp_seg_method={seg_method!r}: "
@@ -152,7 +149,7 @@ def _targets(dist_program, pipeline_strategy, kind, meshes) -> dict:
             continue  # (ops on the global mesh, e.g. a mask every stage reads, stay there)
         stage = stage_of_block[seg]
         target[op.id()] = (meshes[placement.rank_of(stage)], stage // pp, stage)
-    _place_feeds(dist_program, target, getattr(pipeline_strategy, FED_MESHES, {}))
+    _place_feeds(dist_program, target, state.fed_meshes)
     return target
 
 
@@ -256,15 +253,12 @@ def _feed_on_another_mesh(producer, mesh, target) -> bool:
     return producer.dist_attr.process_mesh != mesh
 
 
-def _check_feeds_reach_their_readers(moved, target, meshes, kind, pipeline_strategy) -> None:
+def _check_feeds_reach_their_readers(moved, target, meshes, state) -> None:
     """A feed read on another stage's mesh rides the forward transfer into its reader's stage
     (a reshard in the reader's chunk): it must be fed on the rank of the stage just before
     (e.g. the labels on the last stage mesh when the V placement brings the loss back to the
     first, pp = 2); otherwise say where to feed it."""
-    from pipesplit.job_list.placement import Placement
-
-    placement = Placement(kind, int(pipeline_strategy.pp_degree),
-                          int(pipeline_strategy.vpp_degree))
+    placement = state.checked.placement
     for out, src_attr, src, dst, chunk, dst_attr, reader in moved.values():
         if reader is None:
             continue
@@ -272,12 +266,11 @@ def _check_feeds_reach_their_readers(moved, target, meshes, kind, pipeline_strat
         feeder = meshes.index(src) if src in meshes else None
         if stage == 0 or feeder != placement.rank_of(stage - 1):
             name = out.get_defining_op().operand_source(0).get_defining_op().attrs()["name"]
-            schedule = getattr(pipeline_strategy, "_pipesplit_schedule", None) \
-                or pipeline_strategy.schedule_mode
             raise ValueError(
-                f"strategy.pipeline.schedule_mode={schedule!r}: dist.shard_dataloader feeds "
-                f"{name!r} on stage mesh {list(src.process_ids)}, but what reads it runs "
-                f"on stage mesh {list(dst.process_ids)} ({kind} placement, stage {stage}); "
+                f"strategy.pipeline.schedule_mode={state.requested!r}: dist.shard_dataloader "
+                f"feeds {name!r} on stage mesh {list(src.process_ids)}, but what reads it runs "
+                f"on stage mesh {list(dst.process_ids)} ({placement.kind} placement, stage "
+                f"{stage}); "
                 f"give dist.shard_dataloader the mesh of the stage that reads it "
                 f"(pipesplit.passes.engine.block_meshes) or a plain DataLoader")
 

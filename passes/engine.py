@@ -36,6 +36,7 @@ from ._paddle import require_supported_paddle
 from .config import PipelineConfig
 from .core import PipelinePlan, open_schedule, split_sub_programs
 from .hybrid import hybrid_world_ring, ring_ranks as _ring_ranks
+from .launch_store import launch_store, round_key
 from .per_rank import world_ring_order
 
 paddle = require_supported_paddle()
@@ -210,9 +211,6 @@ def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, 
             f"(pp_degree={lowered.pp}, vpp_degree={lowered.vpp})")
 
 
-_exchange_round = [0]  # per process: every rank calls the pass the same number of times
-
-
 def world_transfers(found: List[EngineTransfer], schedule: Schedule, rank: int
                     ) -> List[Transfer]:
     """Every cross-rank transfer of the step, on every rank: the CPU world-ring transport
@@ -223,9 +221,8 @@ def world_transfers(found: List[EngineTransfer], schedule: Schedule, rank: int
 
     from pipesplit.ir_utils.p2p import handoff_type
 
-    store = paddle.base.core.create_or_get_global_tcp_store()
-    key = f"pipesplit/engine/{_exchange_round[0]}"
-    _exchange_round[0] += 1
+    store = launch_store()
+    key = round_key("engine", paddle.distributed.get_rank(), store)
     sends = [[t.kind, t.transfer.src_stage, t.transfer.dst_stage, t.transfer.dst,
               [int(d) for d in t.transfer.shape], str(t.transfer.dtype).replace("paddle.", "")]
              for t in found if t.kind in (SEND_FORWARD, SEND_BACKWARD)]

@@ -9,40 +9,32 @@ import copy
 import os
 import sys
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
 from pipesplit.ir_utils.comm_progress import failure_reason
 from pipesplit.ir_utils.p2p import backend_for, resolve_device
-from pipesplit.job_list.registry import get_spec
 
-from .block_placement import FED_MESHES, assign_placement
+from .block_placement import assign_placement
 from .checks import check_sequence_parallel
 from .cpu_hooks import needed as cpu_support_needed
 from .core import PipelinePlan
 from .engine import build_engine_rank_plan, is_engine_program
-from .engine_surgery import USER_PLACEMENTS, name_an_output, placements_of, restore_user_placements
+from .engine_state import ENGINE_MODE, HANDLE, EngineState, ModePlan, engine_state, state_of
+from .engine_surgery import name_an_output, restore_user_placements
 from .loader_checks import check_labels_are_class_ids, check_loader
 from .pipeline import split_and_schedule
-from .strategy_checks import check_fields, check_gradient_merge, check_model, check_world
-from .strategy_config import (ENGINE_MODE, REQUESTED_ATTR, check_strategy, checked_schedule,
-                              config_from_strategy, fill_in_what_paddle_derives, measured_step,
-                              pipe_from_strategy, record_block_sizes, record_pipe,
-                              requested_schedule)
+from .strategy_config import (config_from_strategy, open_engine_state, pipe_from_strategy,
+                              record_pipe)
+from .launch_store import round_key
 
-_last: Optional[PipelinePlan] = None
+#: the PipelinePlan the pass built last in this context (:func:`last_pipeline`)
+_LAST_PIPELINE: ContextVar[Optional[PipelinePlan]] = ContextVar("pipesplit_last_pipeline",
+                                                                default=None)
 #: the stage meshes while Paddle's chunk completion runs (see :func:`stage_by_mesh`)
-_completing_meshes: Optional[list] = None
-_PLANS = "_pipesplit_plans"
-_SHARDED_LOADER = "_pipesplit_sharded_loader"
-_MODE_STATE = "_pipesplit_mode_state"
-_PROGRESS = "_pipesplit_comm_progress"
-_STEPS = "_pipesplit_steps"
-_PIPELINES = "_pipesplit_pipelines"
-_TRAIN_STEPS = "_pipesplit_train_steps"
-#: what :func:`measure_and_replan` measured and built: :class:`Replanned`
-REPLANNED = "_pipesplit_replanned"
-_exchanges = [0]  # per process: every process measures (and exchanges) the same steps
+_COMPLETING_MESHES: ContextVar[Optional[list]] = ContextVar("pipesplit_completing_meshes",
+                                                            default=None)
 #: what the engine keeps ONE copy of for all modes (a prediction's specs have no labels, its
 #: fetched value another name)
 _SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inputs", "_labels",
@@ -63,32 +55,38 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
     :func:`pipesplit.passes.engine.build_engine_rank_plan`; a whole-model program (chunk id =
     global stage) to :func:`pipesplit.passes.pipeline.split_and_schedule`."""
-    global _last
     main = _single(dense_main_program, "dense_main_program")
     _single(dense_startup_program, "dense_startup_program")
-    engine_program = is_engine_program(main)
-    if engine_program and getattr(pipeline_strategy, REQUESTED_ATTR, None) is None:
-        raise ValueError(
-            "this engine was built before pipesplit.passes.strategy.enable_strategy() was "
-            "called: call enable_strategy() (and cpu_support.enable() on a CPU build) before "
-            "dist.to_static, so the engine's strategy is checked and its stage meshes seen")
-    config = config_from_strategy(pipeline_strategy)
-    if engine_program:
+    state = state_of(pipeline_strategy)
+    if is_engine_program(main):
+        if state is None:
+            raise built_before_enable()
+        config = config_from_strategy(pipeline_strategy)
         if config.pp_stage is None:
             raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
-        _last = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
-                                       pipe_from_strategy(pipeline_strategy),
-                                       built=checked_schedule(pipeline_strategy, config))
-        _last.source_program = main
+        built = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
+                                       pipe_from_strategy(pipeline_strategy), built=state.checked)
+        built.source_program = main
     else:
-        _last = split_and_schedule(main, _single(dense_startup_program, ""), config,
-                                   built=checked_schedule(pipeline_strategy, config))
-    return _last.plan
+        built = split_and_schedule(main, _single(dense_startup_program, ""),
+                                   config_from_strategy(pipeline_strategy),
+                                   built=None if state is None else state.checked)
+    if state is not None:
+        state.built = built
+    _LAST_PIPELINE.set(built)
+    return built.plan
+
+
+def built_before_enable() -> ValueError:
+    return ValueError(
+        "this engine was built before pipesplit.passes.strategy.enable_strategy() was "
+        "called: call enable_strategy() (and cpu_support.enable() on a CPU build) before "
+        "dist.to_static, so the engine's strategy is checked and its stage meshes seen")
 
 
 def last_pipeline() -> Optional[PipelinePlan]:
     """The :class:`PipelinePlan` of the last call through the hook (for ``init_scope``)."""
-    return _last
+    return _LAST_PIPELINE.get()
 
 
 def engine_init(original):
@@ -100,22 +98,11 @@ def engine_init(original):
     object is not touched (``DistModel`` hands the engine a deep copy)."""
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        self.__dict__[USER_PLACEMENTS] = placements_of(self._model)
         pipeline = self._strategy.pipeline
-        if pipeline.enable and getattr(pipeline, REQUESTED_ATTR, None) is None:
-            import paddle.distributed as dist
-
-            # check_engine_strategy's three checks, with what Paddle derives filled in
-            # between the field types and the checks that read pp_degree
-            check_fields(pipeline)
-            check_gradient_merge(self._strategy)
-            fill_in_what_paddle_derives(self._strategy, self._model)
+        if pipeline.enable and not isinstance(getattr(pipeline, HANDLE, None), EngineState):
+            state = open_engine_state(self)
             self._acc_steps = pipeline.accumulate_steps  # (Paddle's __init__ read k_steps)
-            check_world(pipeline, dist.get_world_size())
-            check_model(pipeline, self._model)
-            record_block_sizes(pipeline, self._model)
-            check_strategy(pipeline)
-            setattr(pipeline, REQUESTED_ATTR, str(pipeline.schedule_mode))
+            setattr(pipeline, HANDLE, state)
             pipeline.schedule_mode = ENGINE_MODE
     return __init__
 
@@ -152,7 +139,9 @@ def note_a_sharded_loader(original):
     """``Engine._prepare_data_spec_from_dataloader``: called for a ``dist.shard_dataloader``
     only, whose feeds reach only the meshes it names (a plain loader feeds every rank)."""
     def _prepare_data_spec_from_dataloader(self, *args, **kwargs):
-        self.__dict__[_SHARDED_LOADER] = True
+        state = engine_state(self)
+        if state is not None:
+            state.sharded_loader = True
         return original(self, *args, **kwargs)
     return _prepare_data_spec_from_dataloader
 
@@ -163,19 +152,20 @@ def keep_plan_per_mode(original):
     ``eval()`` after ``train()`` ran the training plan with the evaluation program's fetch.
     Each mode's plan is kept here (see :func:`switch_to_the_mode_plan`)."""
     def _prepare_program(self, mode, *args, **kwargs):
-        if self.__dict__.get(_PLANS):  # another mode ran first: trace this one as written
-            restore_user_placements(self)
+        state = engine_state(self)
+        if state is None:
+            return original(self, mode, *args, **kwargs)
+        if state.modes:  # another mode ran first: trace this one as written
+            restore_user_placements(self, state.user_placements)
         specs = _as_list(self._inputs_spec) + _as_list(self._labels_spec)
-        setattr(self._strategy.pipeline, FED_MESHES,  # a shard_dataloader's feeds and meshes
-                {spec.name: spec.mesh for spec in specs if getattr(spec, "mesh", None)}
-                if self.__dict__.get(_SHARDED_LOADER) else {})
+        state.fed_meshes = ({spec.name: spec.mesh for spec in specs  # a shard_dataloader's
+                             if getattr(spec, "mesh", None)}     # feeds and their meshes
+                            if state.sharded_loader else {})
+        state.built = None
         result = original(self, mode, *args, **kwargs)
-        if self._job_plan is not None and self._strategy.pipeline.enable:
-            self.__dict__.setdefault(_PLANS, {})[mode] = self._job_plan
-            self.__dict__.setdefault(_PIPELINES, {})[mode] = _last
-            self.__dict__.setdefault(_PROGRESS, {})[mode] = getattr(_last, "comm_progress", None)
-            self.__dict__.setdefault(_MODE_STATE, {})[mode] = {
-                key: getattr(self, key) for key in _SHARED_BY_MODES}
+        if self._job_plan is not None and state.built is not None:
+            state.modes[mode] = ModePlan(state.built, {key: getattr(self, key)
+                                                       for key in _SHARED_BY_MODES})
         return result
     return _prepare_program
 
@@ -186,14 +176,16 @@ def name_a_failed_step(original):
     as pipesplit's own multi-rank runner does; Paddle says only ``std::exception``."""
     def run(self, *args, **kwargs):
         mode = kwargs.get("mode") or self._mode
-        progress = self.__dict__.get(_PROGRESS, {}).get(mode)
-        if progress is None:
+        state = engine_state(self)
+        planned = None if state is None else state.modes.get(mode)
+        if planned is None or planned.progress is None:
             return original(self, *args, **kwargs)
         import paddle
 
         scope = paddle.static.global_scope()
-        steps = self.__dict__.setdefault(_STEPS, {})
-        step = steps[mode] = steps.get(mode, -1) + 1
+        step = planned.steps
+        planned.steps += 1
+        progress = planned.progress
         progress.start_step(scope, self._place)
         started = time.monotonic()
         try:
@@ -228,7 +220,8 @@ def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
 
     if not isinstance(costs, Costs):
         raise TypeError(f"costs must be a pipesplit.job_list.Costs, got {type(costs).__name__}")
-    before = engine.__dict__.get(_PIPELINES, {}).get("train")
+    state = engine_state(engine)
+    before = None if state is None else state.pipeline_of("train")
     if before is None or before.source_program is None:
         raise ValueError("replan: this engine has no pipesplit training plan built from the "
                          "engine's program yet (run a training step first)")
@@ -239,21 +232,18 @@ def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
     costs.check_stages(before.config.num_stages)
     import paddle
 
-    pipeline = engine._strategy.pipeline
     with paddle.base.framework._dygraph_guard(None):  # programs are built in static mode
         after = build_engine_rank_plan(before.source_program,
                                        replace(before.config, costs=costs),
                                        backend_for(resolve_device("auto")),
-                                       pipe_from_strategy(pipeline))
+                                       pipe_from_strategy(engine._strategy.pipeline))
     after.source_program = before.source_program
-    engine.__dict__[_PIPELINES]["train"] = after
-    engine.__dict__[_PLANS]["train"] = after.plan
-    engine.__dict__.setdefault(_PROGRESS, {})["train"] = after.comm_progress
+    state.modes["train"].pipeline = after
     if engine._mode == "train":
         engine._job_plan = after.plan
         engine._executor._set_plan(after.plan)
     _forget_executors(engine._executor)
-    engine.__dict__[REPLANNED] = Replanned(step, costs, before, after)
+    state.replanned = Replanned(step, costs, before, after)
     return after
 
 
@@ -272,22 +262,21 @@ def measure_and_replan(original):
     with (:mod:`pipesplit.passes.replan`), once."""
     def run(self, *args, **kwargs):
         mode = kwargs.get("mode") or self._mode
-        if mode != "train" or not self._strategy.pipeline.enable:
+        state = engine_state(self)
+        if mode != "train" or state is None:
             return original(self, *args, **kwargs)
-        step = self.__dict__.get(_TRAIN_STEPS, -1) + 1
-        self.__dict__[_TRAIN_STEPS] = step
-        before = self.__dict__.get(_PIPELINES, {}).get("train")
+        step = state.train_steps
+        state.train_steps += 1
+        before = state.pipeline_of("train")
         # (a whole-model program, every rank emulated in one process, is not re-planned)
-        if step != measured_step(self._strategy.pipeline) or \
-                getattr(before, "source_program", None) is None:
+        if step != state.measure_step or getattr(before, "source_program", None) is None:
             return original(self, *args, **kwargs)
         import paddle.distributed as dist
 
         from .replan import costs_from, profile_jobs, rank_measurement, rendezvous, share
 
-        key = f"pipesplit/measured/{_exchanges[0]}"
-        _exchanges[0] += 1
         rank, world = dist.get_rank(), dist.get_world_size()
+        key = round_key("measured", rank)
         clock = _Clock()
 
         def measured():
@@ -306,7 +295,7 @@ def measure_and_replan(original):
         clock.lap("wait_after_replan_s", rendezvous(
             f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,
             world))
-        self.__dict__[REPLANNED] = replace(self.__dict__[REPLANNED], timings=clock.laps)
+        state.replanned = replace(state.replanned, timings=clock.laps)
         print(f"pipesplit: rank {rank} measured training step {step} and re-planned: "
               + ", ".join(f"{k} {v:.2f}" for k, v in clock.laps.items()), file=sys.stderr,
               flush=True)
@@ -333,19 +322,22 @@ def whole_batch_spec(original):
     engine already cut to micro-batches for training, which would be cut again (``Requires
     batch_size[2] to be divisible by k_steps[4]``): given back whole."""
     def prepare(self, inputs_spec=None, *args, mode=None, **kwargs):
+        state = engine_state(self)
+        if state is None:
+            return original(self, inputs_spec, *args, mode=mode, **kwargs)
         steps = getattr(self, "_acc_steps", 1)
         if mode == "predict" and steps > 1 and inputs_spec is not None \
-                and self._strategy.pipeline.enable and _same_specs(inputs_spec, self._inputs_spec):
+                and _same_specs(inputs_spec, self._inputs_spec):
             inputs_spec = copy.deepcopy(inputs_spec)
             for spec in inputs_spec if isinstance(inputs_spec, (list, tuple)) else [inputs_spec]:
                 spec.shape = [spec.shape[0] * steps] + list(spec.shape[1:])
         outside = self._outside_dataloader
         result = original(self, inputs_spec, *args, mode=mode, **kwargs)
-        if mode == "predict" and self._in_pir_mode and self._strategy.pipeline.enable:
+        if mode == "predict" and self._in_pir_mode and "predict" in state.modes:
             # a spec (not a loader) marks the data "outside", which sends every later run to
             # the legacy reader set-up, absent in PIR mode (KeyError 'predict')
             self._outside_dataloader = outside
-            self.__dict__.setdefault(_MODE_STATE, {})["predict"]["_outside_dataloader"] = outside
+            state.modes["predict"].engine_fields["_outside_dataloader"] = outside
         return result
     return prepare
 
@@ -369,7 +361,7 @@ def name_the_prediction(original):
     ``DistModel.predict()`` documents (the outputs of the model)."""
     def _build(self, mode):
         result = original(self, mode)
-        if mode == "predict" and self._in_pir_mode and self._strategy.pipeline.enable \
+        if mode == "predict" and self._in_pir_mode and engine_state(self) is not None \
                 and not self._loss_names and self.program_helper.output_vars:
             self._loss_names = [name_an_output(self.program_helper.main_program,
                                                self.program_helper.output_vars[0])]
@@ -383,10 +375,12 @@ def switch_to_the_mode_plan(original):
     whichever mode was prepared last."""
     def to_mode(self, mode):
         original(self, mode)
-        for key, value in self.__dict__.get(_MODE_STATE, {}).get(mode, {}).items():
-            setattr(self, key, value)
-        plan = self.__dict__.get(_PLANS, {}).get(mode)
-        if plan is not None:
+        state = engine_state(self)
+        planned = None if state is None else state.modes.get(mode)
+        if planned is not None:
+            for key, value in planned.engine_fields.items():
+                setattr(self, key, value)
+            plan = planned.plan
             self._job_plan = plan
             if self._executor is not None and self._executor.plan is not plan:
                 self._executor._set_plan(plan)
@@ -401,10 +395,10 @@ def complete_chunk_id(original):
     chunk = stage // pp, told each mesh's pipeline stage by its place among the stage meshes
     (:func:`stage_by_mesh`)."""
     def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
-        global _completing_meshes
-        if not pipeline_strategy.enable:
-            return None
-        record_pipe(dist_program, pipeline_strategy)
+        state = state_of(pipeline_strategy)
+        if state is None:  # Paddle's own VPP
+            return original(dist_program, startup_program, pipeline_strategy)
+        state.pipe = record_pipe(dist_program, pipeline_strategy)
         check_labels_are_class_ids(dist_program)
         check_sequence_parallel(dist_program, int(pipeline_strategy.vpp_degree),
                                 cpu_build=cpu_support_needed())
@@ -413,13 +407,12 @@ def complete_chunk_id(original):
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
         meshes = get_sub_process_mesh_by_program(dist_program)
-        assign_placement(dist_program, pipeline_strategy,
-                         get_spec(requested_schedule(pipeline_strategy)).placement)
-        _completing_meshes = meshes
+        assign_placement(dist_program, pipeline_strategy, state)
+        token = _COMPLETING_MESHES.set(meshes)
         try:
             return original(dist_program, startup_program, pipeline_strategy)
         finally:
-            _completing_meshes = None
+            _COMPLETING_MESHES.reset(token)
     return complete_chunk_id
 
 
@@ -428,9 +421,10 @@ def stage_by_mesh(original):
     runs, a mesh's stage is its index among the stage meshes; Paddle's own rule,
     rank // (world / pp), holds only when pp is the outermost mesh axis."""
     def get_pp_stage_by_process_mesh(mesh, pp):
-        if _completing_meshes is None:
+        meshes = _COMPLETING_MESHES.get()
+        if meshes is None:
             return original(mesh, pp)
-        return _completing_meshes.index(mesh) if mesh in _completing_meshes else None
+        return meshes.index(mesh) if mesh in meshes else None
     return get_pp_stage_by_process_mesh
 
 

@@ -3,8 +3,6 @@ in :mod:`pipesplit.passes.engine_hooks`): the user's parameter placements, kept 
 back, and the fetched output of a prediction program."""
 from __future__ import annotations
 
-USER_PLACEMENTS = "_pipesplit_user_placements"
-
 
 def placements_of(model) -> dict:
     """The user's (mesh, placements) of each distributed parameter of ``model``."""
@@ -20,8 +18,9 @@ def _placement_key(param):
             tuple(str(p) for p in param.placements), list(param.placements))
 
 
-def restore_user_placements(engine) -> None:
-    """Give the dygraph parameters back the user's meshes and placements (without data).
+def restore_user_placements(engine, user_placements: dict) -> None:
+    """Give the dygraph parameters back the user's meshes and placements (without data);
+    ``user_placements``: what :func:`placements_of` gave when the engine was made.
 
     Preparing the first mode moves a parameter whose block the schedule's placement puts on
     another mesh (its values live there now, in the scope); tracing the next mode
@@ -32,7 +31,7 @@ def restore_user_placements(engine) -> None:
     from paddle.distributed.auto_parallel.api import dtensor_from_local
 
     for param in engine._model.parameters():
-        user = engine.__dict__.get(USER_PLACEMENTS, {}).get(param.name)
+        user = user_placements.get(param.name)
         if user is None or not param.is_dist() or _placement_key(param)[:2] == user[:2]:
             continue
         (shape, ids, names), _, placements = user

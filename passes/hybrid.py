@@ -24,6 +24,7 @@ from pipesplit.job_list.pipe import Pipe
 
 from ._paddle import require_supported_paddle
 from .config import PipelineConfig
+from .launch_store import launch_store, round_key
 
 paddle = require_supported_paddle()
 
@@ -32,7 +33,6 @@ from pipesplit.ir_utils.world_ring import (bystander_program, collective_sequenc
                                            merge_sequences, world_comm_program)
 
 BYSTANDER = "bystander"
-_round = [0]  # per process: every process calls the pass the same number of times
 
 
 def bystander_type(rank: int, own_type: str) -> str:
@@ -66,10 +66,9 @@ def _within_stage(pipe: Pipe, process: int):
 
 def _exchange(payload: dict, pipe: Pipe) -> Dict[int, dict]:
     """Every pipeline rank's ``payload`` (as its process in this pipeline published it)."""
-    store = paddle.base.core.create_or_get_global_tcp_store()
-    key = f"pipesplit/hybrid/{_round[0]}"
-    _round[0] += 1
+    store = launch_store()
     me = paddle.distributed.get_rank()
+    key = round_key("hybrid", me, store)
     store.set(f"{key}/{me}", json.dumps(payload).encode())
     return {r: json.loads(bytes(store.get(f"{key}/{p}")).decode())
             for r, p in enumerate(pipe.processes)}

@@ -35,6 +35,7 @@ from pipesplit.job_list.placement import Placement
 from pipesplit.job_list.registry import get_spec
 
 from .config import PipelineConfig
+from .launch_store import launch_store
 
 #: the training step (0-based) whose jobs are measured: step 0 builds the interpreters
 MEASURED_STEP = 1
@@ -119,18 +120,12 @@ def share(measurement: dict, key: str, store=None) -> List[dict]:
     once all have given theirs (:func:`rendezvous`: a slow process is named, not a hang)."""
     import paddle.distributed as dist
 
-    store = store if store is not None else _launch_store()
+    store = store if store is not None else launch_store()
     rank, world = dist.get_rank(), dist.get_world_size()
     store.set(f"{key}/{rank}", json.dumps(measurement, sort_keys=True).encode())
     rendezvous(f"{key}/given", "the exchange of the measured costs", rank, world, store)
     return [measurement if r == rank else json.loads(bytes(store.get(f"{key}/{r}")).decode())
             for r in range(world)]
-
-
-def _launch_store():
-    from paddle.base import core
-
-    return core.create_or_get_global_tcp_store()
 
 
 #: how long (seconds) each process waits at a re-plan's rendezvous for the others; a CPU user
@@ -166,7 +161,7 @@ def rendezvous(key: str, phase: str, rank: int, world: int, store=None,
     peer in a gloo transfer that times out after 30 s."""
     import time
 
-    store = store if store is not None else _launch_store()
+    store = store if store is not None else launch_store()
     bound = rendezvous_timeout() if timeout_s is None else timeout_s
     store.add(f"{key}/{rank}", 1)
     started = time.monotonic()

@@ -26,8 +26,9 @@ translation :mod:`pipesplit.passes.strategy_config`.
 from __future__ import annotations
 
 from ._paddle import require_supported_paddle
-from .engine_hooks import REPLANNED, Replanned, last_pipeline, pipeline_pass
+from .engine_hooks import Replanned, last_pipeline, pipeline_pass
 from .engine_hooks import replan as _replan_engine
+from .engine_state import engine_state
 from .strategy_config import (check_strategy, config_from_strategy, measure_costs,
                               pipe_from_strategy, record_pipe, requested_schedule, use_costs)
 from . import paddle_patches, registration
@@ -89,4 +90,5 @@ def replan(dist_model, costs):
 def replanned(dist_model):
     """The last re-plan of ``dist_model``'s training plan (:class:`Replanned`: the step
     measured, the costs, the plans before and after), or None."""
-    return _engine_of(dist_model).__dict__.get(REPLANNED)
+    state = engine_state(_engine_of(dist_model))
+    return None if state is None else state.replanned

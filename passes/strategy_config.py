@@ -4,25 +4,17 @@ stage meshes.  Only translation: nothing here replaces a Paddle name."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Optional
 
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe, pipe_of
 
 from .config import PipelineConfig
+from .engine_state import (DEFAULT_MEASURE, EngineState, options_of, set_options,
+                           state_of)
 from .replan import MEASURED_STEP
 
-#: the name the engine's own tests of ``schedule_mode == "VPP"`` (chunk completion, its chunk
-#: check, the loss fetch from ``forward{vpp-1}``) must see while pipesplit serves the pipeline
-ENGINE_MODE = "VPP"
-#: where the engine's copy of ``strategy.pipeline`` keeps the schedule the user asked for
-REQUESTED_ATTR = "_pipesplit_schedule"
-_PIPE = "_pipesplit_pipe"
-_CHECKED = "_pipesplit_checked_schedule"
-_COSTS = "_pipesplit_costs"
-_MEASURE = "_pipesplit_measure_step"
-_BLOCKS = "_pipesplit_blocks_per_stage_mesh"
-_DEFAULT = "default"
 _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
 
 
@@ -30,7 +22,8 @@ def record_pipe(dist_program, pipeline_strategy) -> Pipe:
     """This process's pipeline (:class:`~pipesplit.job_list.pipe.Pipe`) from the stage meshes of
     the engine's whole distributed program, kept beside the engine's strategy for its pipeline
     pass: stage meshes may have any shape (dp, mp, ... axes), and a peer is the process of the
-    neighbouring stage at the same coordinate, never process +- 1."""
+    neighbouring stage at the same coordinate, never process +- 1.  (The engine-path hook
+    keeps it in the engine's :class:`~.engine_state.EngineState`.)"""
     import paddle.distributed as dist
     from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
@@ -42,9 +35,7 @@ def record_pipe(dist_program, pipeline_strategy) -> Pipe:
             f"{len(meshes)} stage mesh(es): " + ", ".join(
                 f"{list(m.process_ids)} {list(m.dim_names)}" for m in meshes)
             + "; set pp_degree to the number of pipeline stage meshes")
-    pipe = pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
-    setattr(pipeline_strategy, _PIPE, pipe)
-    return pipe
+    return pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
 
 
 #: ``strategy.pipeline.pp_degree`` when the user leaves it alone (Paddle's default)
@@ -86,43 +77,42 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
         merge.k_steps = pipeline.accumulate_steps
 
 
-def record_block_sizes(pipeline_strategy, model) -> None:
-    """Keep how many blocks the user placed on each stage mesh beside the engine's strategy
-    when they differ between stages (Paddle's VPP test: 7 layers on pp 2): the schedule is
-    then built and simulated with job costs in proportion to each virtual stage's blocks
+def block_sizes(pipeline_strategy, model) -> Optional[list]:
+    """How many blocks the user placed on each stage mesh, where they differ between stages
+    (Paddle's VPP test: 7 layers on pp 2), else None: the schedule is then built and
+    simulated with job costs in proportion to each virtual stage's blocks
     (:func:`sized_costs`), unless :func:`use_costs` gave costs."""
     from .strategy_checks import blocks_per_stage_mesh
 
     per_rank = blocks_per_stage_mesh(pipeline_strategy, model)
-    if per_rank is not None and len(set(per_rank)) > 1:
-        setattr(pipeline_strategy, _BLOCKS, per_rank)
+    return per_rank if per_rank is not None and len(set(per_rank)) > 1 else None
 
 
-def sized_costs(pipeline_strategy) -> Optional[Costs]:
-    """Unit job costs scaled per global virtual stage by its share of the blocks (each stage
-    mesh's blocks dealt to its chunks on the schedule's placement:
+def sized_costs(pipeline_strategy, blocks: Optional[list]) -> Optional[Costs]:
+    """Unit job costs scaled per global virtual stage by its share of the ``blocks`` of each
+    stage mesh (:func:`block_sizes`; dealt to its chunks on the schedule's placement:
     :meth:`~pipesplit.job_list.placement.Placement.deal_blocks`); None for even stages."""
     from pipesplit.job_list.placement import Placement
     from pipesplit.job_list.registry import get_spec
 
-    per_rank = getattr(pipeline_strategy, _BLOCKS, None)
-    if per_rank is None:
+    if blocks is None:
         return None
     placement = Placement(get_spec(requested_schedule(pipeline_strategy)).placement,
                           int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree))
-    blocks = placement.deal_blocks(per_rank)
-    mean = sum(blocks) / len(blocks)
-    scale = [n / mean for n in blocks]
+    dealt = placement.deal_blocks(blocks)
+    mean = sum(dealt) / len(dealt)
+    scale = [n / mean for n in dealt]
     return Costs(forward=scale, backward_b=scale, backward_w=scale)
 
 
 def pipe_from_strategy(pipeline_strategy) -> Pipe:
-    """The pipeline :func:`record_pipe` found when the engine completed the program."""
+    """This process's pipeline: the one the engine's stage meshes gave (kept in the engine's
+    state at chunk completion), else one process per stage."""
     import paddle.distributed as dist
 
-    pipe = getattr(pipeline_strategy, _PIPE, None)
-    if pipe is not None:
-        return pipe
+    state = state_of(pipeline_strategy)
+    if state is not None and state.pipe is not None:
+        return state.pipe
     pp = int(pipeline_strategy.pp_degree)
     if dist.get_world_size() == pp:  # one process per stage
         return Pipe.single_process_per_stage(pp)
@@ -136,16 +126,18 @@ def _pp_stage(pipeline_strategy) -> Optional[int]:
     pp = int(pipeline_strategy.pp_degree)
     if pp <= 1 or dist.get_world_size() <= 1:
         return None  # one process: emulate every rank
-    if getattr(pipeline_strategy, _PIPE, None) is None:
+    state = state_of(pipeline_strategy)
+    if state is None or state.pipe is None:
         # a whole-model program outside the engine: Paddle's rule (pp the outermost mesh axis)
         from paddle.distributed.auto_parallel.static.utils import get_pp_stage_by_pp_degree
         return get_pp_stage_by_pp_degree(pp)
-    return pipe_from_strategy(pipeline_strategy).rank_of(dist.get_rank())
+    return state.pipe.rank_of(dist.get_rank())
 
 
 def requested_schedule(pipeline_strategy) -> str:
     """The schedule the user asked for (the engine sees ``"VPP"`` while pipesplit serves)."""
-    return str(getattr(pipeline_strategy, REQUESTED_ATTR, None) or pipeline_strategy.schedule_mode)
+    state = state_of(pipeline_strategy)
+    return state.requested if state is not None else str(pipeline_strategy.schedule_mode)
 
 
 def use_costs(strategy, costs) -> None:
@@ -166,7 +158,7 @@ def use_costs(strategy, costs) -> None:
     elif not isinstance(costs, Costs):
         raise TypeError(f"costs must be a Costs, a dict or the path of a cost file, got "
                         f"{type(costs).__name__}")
-    setattr(pipeline, _COSTS, costs)
+    set_options(pipeline, costs=costs)
 
 
 def measure_costs(strategy, step: Optional[int] = MEASURED_STEP) -> None:
@@ -186,7 +178,7 @@ def measure_costs(strategy, step: Optional[int] = MEASURED_STEP) -> None:
         if _on_cuda():
             raise ValueError("measure_costs: host times of CUDA jobs are not their costs; on a "
                              "CUDA build give measured costs with use_costs(strategy, FILE)")
-    setattr(pipeline, _MEASURE, step)
+    set_options(pipeline, measure_step=step)
 
 
 def measured_step(pipeline_strategy) -> Optional[int]:
@@ -194,12 +186,14 @@ def measured_step(pipeline_strategy) -> Optional[int]:
     from pipesplit.job_list.auto import AUTO_NAMES
     from pipesplit.job_list.registry import get_spec
 
-    step = getattr(pipeline_strategy, _MEASURE, _DEFAULT)
-    if step != _DEFAULT:
-        return step
+    state = state_of(pipeline_strategy)
+    if state is not None:
+        return state.measure_step
+    options = options_of(pipeline_strategy)
+    if options.measure_step != DEFAULT_MEASURE:
+        return options.measure_step
     searched = get_spec(requested_schedule(pipeline_strategy)).name in AUTO_NAMES
-    given = getattr(pipeline_strategy, _COSTS, None) is not None
-    return MEASURED_STEP if searched and not given and not _on_cuda() else None
+    return MEASURED_STEP if searched and options.costs is None and not _on_cuda() else None
 
 
 def _on_cuda() -> bool:
@@ -217,15 +211,22 @@ def _pipeline_section(strategy):
     return pipeline
 
 
-def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
+def config_from_strategy(pipeline_strategy, pp_stage="auto",
+                         blocks: Optional[list] = None) -> PipelineConfig:
     """The :class:`PipelineConfig` for Paddle's ``Strategy().pipeline`` section (with the
-    costs :func:`use_costs` gave it, else, for stages of uneven size, :func:`sized_costs`)."""
+    costs :func:`use_costs` gave it, else, for ``blocks`` of uneven size per stage mesh,
+    :func:`sized_costs`).  An engine's section gives its state's config (its ``blocks``)."""
+    state = state_of(pipeline_strategy)
+    if state is not None:
+        stage = _pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage
+        return replace(state.config, pp_stage=stage)
     pp = int(pipeline_strategy.pp_degree)
     attrs = dict(num_micro_batches=int(pipeline_strategy.accumulate_steps),
                  pp_degree=pp, vpp_degree=int(pipeline_strategy.vpp_degree),
                  split_backward=bool(pipeline_strategy.split_backward),
                  pp_stage=_pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage,
-                 costs=getattr(pipeline_strategy, _COSTS, None) or sized_costs(pipeline_strategy))
+                 costs=options_of(pipeline_strategy).costs
+                 or sized_costs(pipeline_strategy, blocks))
     try:
         return PipelineConfig.from_attrs(requested_schedule(pipeline_strategy), attrs)
     except ValueError as e:
@@ -234,29 +235,46 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto") -> PipelineConfig:
                          ) from None
 
 
-def check_strategy(pipeline_strategy) -> PipelineConfig:
+def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> PipelineConfig:
     """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything:
     an unknown schedule name, or pp / vpp / micro-batches the schedule cannot serve
-    (``ValueError`` naming the strategy field and the constraint).  The schedule built for the
-    check is kept beside the strategy for the pipeline pass (:func:`checked_schedule`)."""
+    (``ValueError`` naming the strategy field and the constraint).  Returns the config (no
+    rank); :func:`checked_request` also returns the schedule built for the check."""
+    return checked_request(pipeline_strategy, blocks)[0]
+
+
+def checked_request(pipeline_strategy, blocks: Optional[list] = None):
+    """(config, schedule): :func:`check_strategy`'s config and the schedule it built."""
     from .core import build_for
 
-    config = config_from_strategy(pipeline_strategy, pp_stage=None)
+    config = config_from_strategy(pipeline_strategy, pp_stage=None, blocks=blocks)
     try:
-        setattr(pipeline_strategy, _CHECKED, build_for(config))
+        return config, build_for(config)
     except ValueError as e:
         msg = str(e)
         for field in ("vpp", "pp", "m"):
             msg = msg.replace(f"{field} must", f"strategy.pipeline.{_FIELD[field]} must", 1)
         raise ValueError(f"strategy.pipeline.schedule_mode={config.schedule!r} cannot serve "
                          f"this strategy: {msg}") from None
-    return config
 
 
-def checked_schedule(pipeline_strategy, config: PipelineConfig):
-    """The schedule :func:`check_strategy` built, where ``config`` asks for the same one (the
-    plan opening then builds none), else None."""
-    from .core import matches_request
+def open_engine_state(engine) -> EngineState:
+    """The engine-init hook's one reading of the engine's strategy: the checks (field types,
+    the gradient merge, the world, the model, the schedule), with what Paddle derives filled
+    in between the field types and the checks that read ``pp_degree``; the request resolved
+    once into an :class:`~.engine_state.EngineState` (not yet attached)."""
+    import paddle.distributed as dist
 
-    built = getattr(pipeline_strategy, _CHECKED, None)
-    return built if built is not None and matches_request(built, config) else None
+    from .engine_surgery import placements_of
+    from .strategy_checks import check_fields, check_gradient_merge, check_model, check_world
+
+    pipeline = engine._strategy.pipeline
+    check_fields(pipeline)
+    check_gradient_merge(engine._strategy)
+    fill_in_what_paddle_derives(engine._strategy, engine._model)
+    check_world(pipeline, dist.get_world_size())
+    check_model(pipeline, engine._model)
+    config, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
+    return EngineState(requested=str(pipeline.schedule_mode), config=config, checked=checked,
+                       options=options_of(pipeline), measure_step=measured_step(pipeline),
+                       user_placements=placements_of(engine._model))

@@ -47,15 +47,19 @@ def test_the_demo_builds_lowers_and_simulates_once(calls, capsys):
 
 @pytest.mark.parametrize("mode,vpp", [("auto", 1), ("ZBV", 2)])
 def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
+    from pipesplit.passes.engine_state import HANDLE, EngineState, UserOptions
+    from pipesplit.passes.strategy_config import checked_request
+
     strategy = _pipeline_strategy(mode, vpp=vpp)
-    ps_strategy.check_strategy(strategy)  # what the Engine.__init__ hook does
+    config, checked = checked_request(strategy)  # what the Engine.__init__ hook does
     searched = calls["simulate"]  # (auto's search simulates its candidates)
     assert calls["build"] == 1
+    setattr(strategy, HANDLE, EngineState(mode, config, checked, UserOptions(), None, {}))
     built = build_gpt(num_stages=2 * vpp, hidden=16, batch_size=8, seed=3)
     ps_strategy.pipeline_pass([built.main], [built.main], strategy)
     assert dict(calls) == {"build": 1, "lower": 1, "simulate": searched + 1}
-    assert ps_strategy.last_pipeline().schedule.name == ps_strategy.config_from_strategy(
-        strategy).schedule
+    assert ps_strategy.last_pipeline().schedule is checked
+    assert getattr(strategy, HANDLE).built is ps_strategy.last_pipeline()
 
 
 def test_a_schedule_built_for_another_config_is_refused():

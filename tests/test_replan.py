@@ -19,6 +19,7 @@ import paddle
 
 from pipesplit.job_list import Costs, build_schedule
 from pipesplit.passes import strategy as ps_strategy
+from pipesplit.passes.engine_state import HANDLE
 from pipesplit.passes.config import PipelineConfig
 from pipesplit.passes.replan import (MEASURED_STEP, costs_from, job_times, profile_jobs,
                                      rank_measurement)
@@ -152,7 +153,7 @@ def test_bad_measure_steps_are_refused(step, error, message):
     strategy = _pipeline()
     with pytest.raises(error, match=message):
         ps_strategy.measure_costs(strategy, step)
-    assert not hasattr(strategy.pipeline, "_pipesplit_measure_step")
+    assert not hasattr(strategy.pipeline, HANDLE)
     with pytest.raises(TypeError, match="strategy must be a paddle.distributed.Strategy"):
         ps_strategy.measure_costs(object())
 

@@ -12,6 +12,7 @@ from paddle.distributed.auto_parallel.static import engine, pir_pass
 from pipesplit.ir_utils import PlanRunner, build_gpt, init_scope, read_params, run_unsplit_baseline
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes import registration
+from pipesplit.passes.engine_state import HANDLE
 
 M, PP, VPP, STEPS = 4, 2, 2, 2
 
@@ -125,6 +126,6 @@ def test_bad_costs_for_the_strategy_are_refused(costs, error, message):
     strategy = paddle.distributed.Strategy()
     with pytest.raises(error, match=message):
         ps_strategy.use_costs(strategy, costs)
-    assert not hasattr(strategy.pipeline, "_pipesplit_costs")
+    assert not hasattr(strategy.pipeline, HANDLE)
     with pytest.raises(TypeError, match="strategy must be a paddle.distributed.Strategy"):
         ps_strategy.use_costs(object(), str(COST_FILE))

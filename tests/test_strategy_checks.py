@@ -251,19 +251,19 @@ def test_uneven_stages_are_simulated_with_their_sizes():
     unit costs scaled by 2 / 1.75 and 1 / 1.75; costs the user gives win; even stages keep
     the unit costs."""
     from pipesplit.job_list.costs import Costs
-    from pipesplit.passes.strategy_config import (config_from_strategy, record_block_sizes,
-                                                  use_costs)
+    from pipesplit.passes.strategy_config import block_sizes, config_from_strategy, use_costs
 
     section = pipeline(**ZBV)
-    record_block_sizes(section, placed([4, 3]))
-    costs = config_from_strategy(section, pp_stage=None).costs
+    blocks = block_sizes(section, placed([4, 3]))
+    assert blocks == [4, 3]
+    costs = config_from_strategy(section, pp_stage=None, blocks=blocks).costs
     assert costs.forward == pytest.approx([2 / 1.75, 2 / 1.75, 1 / 1.75, 2 / 1.75])
     assert costs.backward_b == costs.backward_w == costs.forward
     given = Costs(forward=2.0)
     use_costs(section, given)
-    assert config_from_strategy(section, pp_stage=None).costs == given
+    assert config_from_strategy(section, pp_stage=None, blocks=blocks).costs == given
     even = pipeline(**ZBV)
-    record_block_sizes(even, placed([2, 2]))
+    assert block_sizes(even, placed([2, 2])) is None
     assert config_from_strategy(even, pp_stage=None).costs is None
 
 

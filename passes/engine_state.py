@@ -1,0 +1,127 @@
+"""One engine's pipesplit state, at ONE handle.
+
+Paddle's engine hands its hooks the engine (``Engine.run``, ``to_mode`` ...) or only its copy
+of ``strategy.pipeline`` (``pipeline_pass``, ``complete_chunk_id``).  Everything pipesplit
+knows about an engine is therefore one :class:`EngineState`, kept at :data:`HANDLE` on the
+engine's copy of the pipeline section (which the engine alone owns: ``DistModel`` hands it a
+deep copy of the user's strategy) and reached from the engine as ``engine._strategy.pipeline``:
+
+* made once, by the engine-init hook (:func:`open_engine_state`): the strategy checked, the
+  fields Paddle derives filled in, the request resolved (schedule name, config, the schedule
+  built for the check, the measured step, block sizes);
+* then filled in as the engine goes: this process's pipeline (:attr:`EngineState.pipe`, from
+  the stage meshes at chunk completion), the loader's meshes, one :class:`ModePlan` per mode,
+  the training steps run and the last re-plan.
+
+Before ``dist.to_static`` the same handle on the USER's strategy holds the user's
+:class:`UserOptions` (``use_costs`` / ``measure_costs``), which the deep copy carries to the
+engine's copy and :func:`open_engine_state` takes over.  An engine whose pipeline section has
+no :class:`EngineState` is Paddle's own: every hook leaves it alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, Optional, Union
+
+from pipesplit.job_list import Schedule
+from pipesplit.job_list.costs import Costs
+from pipesplit.job_list.pipe import Pipe
+
+from .config import PipelineConfig
+
+#: the one attribute pipesplit sets on a Paddle object (a strategy's pipeline section)
+HANDLE = "_pipesplit"
+#: :attr:`UserOptions.measure_step` when the user did not call ``measure_costs``
+DEFAULT_MEASURE = "default"
+#: the name the engine's own tests of ``schedule_mode == "VPP"`` (chunk completion, its chunk
+#: check, the loss fetch from ``forward{vpp-1}``) must see while pipesplit serves the pipeline
+ENGINE_MODE = "VPP"
+
+
+@dataclass(frozen=True)
+class UserOptions:
+    """What the user asked of pipesplit beside ``strategy.pipeline``, before ``to_static``."""
+
+    costs: Optional[Costs] = None                          # use_costs
+    measure_step: Union[int, None, str] = DEFAULT_MEASURE  # measure_costs
+
+
+@dataclass
+class ModePlan:
+    """One mode's (train / eval / predict) plan, as the engine prepared it."""
+
+    pipeline: object             # pipesplit.passes.core.PipelinePlan
+    #: the engine fields it keeps ONE copy of for all modes, as this mode set them
+    engine_fields: Dict[str, object]
+    steps: int = 0               # steps run in this mode
+
+    @property
+    def plan(self):
+        return self.pipeline.plan
+
+    @property
+    def progress(self):
+        return self.pipeline.comm_progress
+
+
+@dataclass
+class EngineState:
+    """Everything pipesplit keeps for one engine (see the module docstring)."""
+
+    requested: str                # the schedule name as the user wrote it
+    config: PipelineConfig        # the request resolved (pp_stage None: no rank yet)
+    checked: Schedule             # the schedule built when the strategy was checked
+    options: UserOptions
+    measure_step: Optional[int]   # the training step measured for a re-plan (None: none)
+    user_placements: dict         # the user's (mesh, placements) per distributed parameter
+    pipe: Optional[Pipe] = None   # this process's pipeline, from the stage meshes
+    sharded_loader: bool = False  # the data come from a dist.shard_dataloader
+    fed_meshes: Dict[str, object] = field(default_factory=dict)  # feed name -> its mesh
+    built: Optional[object] = None  # the PipelinePlan the pass built last
+    modes: Dict[str, ModePlan] = field(default_factory=dict)
+    train_steps: int = 0          # training steps run (the measured step counts them)
+    replanned: Optional[object] = None  # pipesplit.passes.engine_hooks.Replanned
+
+    def __deepcopy__(self, memo):
+        return self  # one state per engine, however often Paddle copies its strategy
+
+    @property
+    def placement_kind(self) -> str:
+        return self.checked.placement.kind
+
+    def pipeline_of(self, mode: str):
+        """The PipelinePlan of ``mode`` (None before the engine prepared it)."""
+        plan = self.modes.get(mode)
+        return None if plan is None else plan.pipeline
+
+
+def handle_of(pipeline_strategy):
+    return getattr(pipeline_strategy, HANDLE, None)
+
+
+def state_of(pipeline_strategy) -> Optional[EngineState]:
+    """The :class:`EngineState` of the engine owning ``pipeline_strategy``, or None."""
+    handle = handle_of(pipeline_strategy)
+    return handle if isinstance(handle, EngineState) else None
+
+
+def engine_state(engine) -> Optional[EngineState]:
+    """The :class:`EngineState` of ``engine`` (a Paddle ``Engine``), or None (Paddle's own)."""
+    strategy = getattr(engine, "_strategy", None)
+    return state_of(getattr(strategy, "pipeline", None))
+
+
+def options_of(pipeline_strategy) -> UserOptions:
+    handle = handle_of(pipeline_strategy)
+    if isinstance(handle, EngineState):
+        return handle.options
+    return handle if isinstance(handle, UserOptions) else UserOptions()
+
+
+def set_options(pipeline_strategy, **changes) -> None:
+    """Record a user option on the user's pipeline section (before ``to_static``)."""
+    if isinstance(handle_of(pipeline_strategy), EngineState):
+        raise ValueError("this strategy is an engine's own copy (dist.to_static was called): "
+                         "give options on the strategy before dist.to_static, or re-plan a "
+                         "built engine with pipesplit.passes.strategy.replan(dist_model, costs)")
+    setattr(pipeline_strategy, HANDLE, replace(options_of(pipeline_strategy), **changes))
