@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict
+from typing import Dict, List
 
 from .roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE
 

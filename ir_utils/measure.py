@@ -14,12 +14,13 @@ peak is measured runs behind that thread (:func:`run_behind_gc`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import sys
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, List, Sequence, Tuple, TypeVar
 
 import paddle
 from paddle.base import core
@@ -161,21 +162,16 @@ def run_behind_gc(fn: Callable[[], T]) -> T:
         return _on_idle_thread(fn)
 
 
+@functools.lru_cache(maxsize=None)
 def gc_priority() -> str:
     """How :func:`run_behind_gc` puts the GC thread ahead here: ``"realtime"`` where this process
-    may use ``SCHED_FIFO``, else ``"idle"`` (see there)."""
-    global _GC_PRIORITY
-    if _GC_PRIORITY is None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            _GC_PRIORITY = "realtime"
-        except (PermissionError, OSError, AttributeError):
-            _GC_PRIORITY = "idle"
-    return _GC_PRIORITY
-
-
-_GC_PRIORITY: Optional[str] = None
+    may use ``SCHED_FIFO``, else ``"idle"`` (see there).  Probed once."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        return "realtime"
+    except (PermissionError, OSError, AttributeError):
+        return "idle"
 
 
 @contextlib.contextmanager

@@ -29,17 +29,19 @@ Every comm program can also bump a persistable progress counter once its transfe
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import paddle
+
+from pipesplit.job_list.ir import bystander_type
 
 BACKENDS = ("gloo", "nccl")
 #: where a plan runs: "auto" asks Paddle (:func:`resolve_device`)
 DEVICES = ("auto", "cpu", "gpu")
 CPU_RING_ID = 0
 PROGRESS_VAR = "pipesplit_comm_progress"
-BYSTANDER = "bystander"  # job-type prefix of the world-ring transport's bystander programs
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -161,16 +163,12 @@ def _bump_progress(block, after_value, place):
     paddle._C_ops.add_(cnt, paddle.reshape(n, [1]))
 
 
-_PROGRESS_TYPE = None
-
-
+@functools.lru_cache(maxsize=None)
 def _progress_type():
-    global _PROGRESS_TYPE
-    if _PROGRESS_TYPE is None:
-        prog = paddle.pir.Program()
-        with paddle.static.program_guard(prog):
-            _PROGRESS_TYPE = paddle.full([1], 0.0, dtype="float32").type()
-    return _PROGRESS_TYPE
+    """The PIR type of the progress counter (made once)."""
+    prog = paddle.pir.Program()
+    with paddle.static.program_guard(prog):
+        return paddle.full([1], 0.0, dtype="float32").type()
 
 
 def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *,
@@ -245,10 +243,10 @@ def build_bystander_program(transfers: Sequence[Transfer], *, progress: bool = F
 
 
 def bystander_job_type(transfers: Sequence[Transfer]) -> str:
-    """Job type of the bystander program of an exchange: ``bystander{src stage}_{dst stage}``
+    """Job type of the bystander program of an exchange: ``bystander_{src stage}_{dst stage}``
     (one exchange per pair of adjacent stages and direction carries the same transfers)."""
     first = transfers[0]
-    return f"{BYSTANDER}{first.src_stage}_{first.dst_stage}"
+    return bystander_type(first.src_stage, str(first.dst_stage))
 
 
 def world_ring_comm(exchanges: Sequence[Sequence[Transfer]], rank: int, *,

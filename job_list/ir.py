@@ -65,6 +65,30 @@ def job_type(kind: str, chunk: Optional[int] = None) -> str:
     return f"{kind}{chunk}"
 
 
+#: job-type prefix of the CPU transports' bystander jobs (a process's part in a collective of
+#: jobs it does not run itself)
+BYSTANDER = "bystander"
+
+
+def bystander_type(owner: int, of: str) -> str:
+    """The one writer of bystander job types: the bystander of job (or exchange) ``of`` of
+    ``owner`` (a pipeline rank, or a sending stage): ``(1, "forward0")`` ->
+    ``"bystander_1_forward0"``; :func:`parse_bystander_type` reads it back."""
+    if isinstance(owner, bool) or not isinstance(owner, int) or not isinstance(of, str) \
+            or not of:
+        raise ValueError(f"a bystander job type needs an int owner and a job, got "
+                         f"({owner!r}, {of!r})")
+    return f"{BYSTANDER}_{owner}_{of}"
+
+
+def parse_bystander_type(text: str) -> Optional[Tuple[int, str]]:
+    """(owner, job) of a :func:`bystander_type`, or None for any other job type."""
+    if not isinstance(text, str) or not text.startswith(BYSTANDER + "_"):
+        return None
+    owner, of = text[len(BYSTANDER) + 1:].split("_", 1)
+    return int(owner), of
+
+
 def other_end(kind: str, stage: int) -> Tuple[int, str]:
     """(global stage, kind) at the other end of a send / recv of ``kind`` on ``stage``: a
     forward output goes to the next stage, an input gradient to the previous one.  At the

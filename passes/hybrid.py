@@ -18,7 +18,7 @@ from typing import Dict, List, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
-                                   SEND_FORWARD, job_type)
+                                   SEND_FORWARD, bystander_type, job_type, parse_bystander_type)
 from pipesplit.job_list.lower import global_order, peer_of
 from pipesplit.job_list.pipe import Pipe
 
@@ -31,14 +31,6 @@ paddle = require_supported_paddle()
 from pipesplit.ir_utils.world_ring import (bystander_program, collective_sequence,  # noqa: E402
                                            emulate_group_collectives, emulate_with_bystanders,
                                            merge_sequences, world_comm_program)
-
-BYSTANDER = "bystander"
-
-
-def bystander_type(rank: int, own_type: str) -> str:
-    """Job type of the bystander of pipeline rank ``rank``'s job ``own_type``."""
-    return f"{BYSTANDER}_{rank}_{own_type}"
-
 
 def ring_ranks(ring_id: int) -> Tuple[int, ...]:
     """The processes of the engine's ring ``ring_id``, in its order (``peer`` indexes them)."""
@@ -135,9 +127,10 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
     jobs = {r: {t: _as_gathers(sig) for t, sig in p["jobs"].items()} for r, p in everyone.items()}
     order = lockstep_order(lowered, rank, jobs)
     for program_type, _ in order:
-        if program_type.startswith(BYSTANDER) and program_type not in programs:
-            _, who, own_type = program_type.split("_", 2)
-            programs[program_type] = bystander_program(jobs[int(who)][own_type], world)
+        bystander = parse_bystander_type(program_type)
+        if bystander is not None and program_type not in programs:
+            who, own_type = bystander
+            programs[program_type] = bystander_program(jobs[who][own_type], world)
     if optimizer is not None:
         merged = merge_sequences({r: [(k, peer, (tuple(g[0]), g[1]))
                                       for k, peer, g in p["optimizer"]]

@@ -24,7 +24,20 @@ PADDLE_PREFIX = "pipeline_scheduler_"
 PLAN_ATTR = "plan"                  # where Paddle's callers look for the core.Plan
 PIPELINE_PLAN_ATTR = "pipesplit_plan"  # the PipelinePlan with schedule, sub-programs ...
 
-_paddle_originals: Dict[str, type] = {}
+
+
+class _Routing:
+    """Whether Paddle's own pass names are routed to pipesplit, and by whom (the user, the
+    strategy hook): the routing stays until each one that asked for it has taken it back."""
+
+    def __init__(self):
+        self.paddle_originals: Dict[str, type] = {}
+        self.by: set = set()
+
+
+#: this process's routing of Paddle's pass registry (with paddle_patches.DOOR, the only
+#: process-wide state of pipesplit: both stand for changes made to Paddle's own registries)
+ROUTING = _Routing()
 
 
 class PipesplitSchedulerPass(PassBase):
@@ -70,34 +83,39 @@ def register_all() -> None:
                 cls.name = paddle_name
 
 
-def enable() -> None:
+def enable(by: str = "user") -> None:
     """Route Paddle's own ``pipeline_scheduler_<NAME>`` passes (FThenB, 1F1B, VPP, ...) to
-    pipesplit.  Undo with :func:`disable`."""
+    pipesplit, asked by ``by``.  Undo with :func:`disable` (the same ``by``)."""
+    ROUTING.by.add(by)
     register_all()
     for name in schedule_names():
         for key in (name, *get_spec(name).aliases):
             paddle_name = PADDLE_PREFIX + key
             current = PassBase._REGISTERED_PASSES.get(paddle_name)
             if current is not None and not issubclass(current, PipesplitSchedulerPass):
-                _paddle_originals[paddle_name] = current
+                ROUTING.paddle_originals[paddle_name] = current
             PassBase._register(paddle_name, PassBase._REGISTERED_PASSES[PIPESPLIT_PREFIX + key])
 
 
-def disable() -> None:
-    """Give Paddle's own pipeline passes back their names."""
-    for paddle_name, cls in _paddle_originals.items():
+def disable(by: str = "user") -> None:
+    """Take back ``by``'s routing: Paddle's own pipeline passes get their names back once
+    nobody else asked for it."""
+    ROUTING.by.discard(by)
+    if ROUTING.by:
+        return
+    for paddle_name, cls in ROUTING.paddle_originals.items():
         PassBase._register(paddle_name, cls)
-    _paddle_originals.clear()
+    ROUTING.paddle_originals.clear()
 
 
 def is_enabled() -> bool:
-    return bool(_paddle_originals)
+    return bool(ROUTING.by)
 
 
 def paddle_pass_class(name: str) -> Optional[type]:
     """Paddle's own pass class for ``pipeline_scheduler_<name>``, even while pipesplit is enabled."""
     key = PADDLE_PREFIX + name
-    return _paddle_originals.get(key) or (
+    return ROUTING.paddle_originals.get(key) or (
         None if issubclass(PassBase._REGISTERED_PASSES.get(key, PipesplitSchedulerPass),
                            PipesplitSchedulerPass) else PassBase._REGISTERED_PASSES[key])
 

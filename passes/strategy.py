@@ -41,18 +41,15 @@ __all__ = ["Replanned", "check_strategy", "config_from_strategy", "disable_strat
            "requested_schedule", "use_costs"]
 
 _GROUP = "engine"
-_registration_was_enabled = False
 
 
 def enable_strategy() -> None:
     """Route ``pir_pass.pipeline_pass`` (and the engine's imported name) to pipesplit, and let
     the engine serve any pipesplit schedule name in ``strategy.pipeline.schedule_mode``."""
-    global _registration_was_enabled
     if paddle_patches.is_enabled(_GROUP):
         return
     paddle_patches.check_names(_GROUP)  # before the pass registry changes
-    _registration_was_enabled = registration.is_enabled()
-    registration.enable()
+    registration.enable(by="strategy")
     paddle_patches.enable(_GROUP)
 
 
@@ -62,8 +59,7 @@ def disable_strategy() -> None:
     if not paddle_patches.is_enabled(_GROUP):
         return
     paddle_patches.disable(_GROUP)
-    if not _registration_was_enabled:
-        registration.disable()
+    registration.disable(by="strategy")
 
 
 def is_strategy_enabled() -> bool:

@@ -170,6 +170,18 @@ def new_scope(prog: UserProgram, place=None):
     return scope
 
 
+def unsplit_forward(prog: UserProgram, scope, full: Dict[str, np.ndarray], m: int) -> List[float]:
+    """The (evaluation) program run unsplit on each of the ``m`` micro-batches of ``full``."""
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    out = []
+    with paddle.static.scope_guard(scope):
+        for j in range(m):
+            part = {k: v[j * MICRO_BATCH_SIZE:(j + 1) * MICRO_BATCH_SIZE]
+                    for k, v in full.items()}
+            out.append(float(exe.run(prog.main, feed=part, fetch_list=[prog.loss])[0]))
+    return out
+
+
 def read(scope, names) -> Dict[str, np.ndarray]:
     return {n: np.array(scope.find_var(n).get_tensor()) for n in names}
 

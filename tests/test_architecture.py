@@ -222,3 +222,106 @@ def test_the_checkout_imports_the_package_without_path_tricks():
             assert os.path.realpath(module.__file__) == os.path.join(ROOT, package, "__init__.py")
     with pytest.raises(ImportError):
         importlib.import_module("pipesplit.setup")
+
+
+# --------------------------------------------------------------------------- state
+
+#: the one attribute pipesplit sets on Paddle's objects, and the one line that names it
+HANDLE_LINE = ("passes/engine_state.py", 'HANDLE = "_pipesplit"')
+
+
+def _pipesplit_attributes(tree):
+    """(line, source) of every ``_pipesplit...`` attribute name: a string constant
+    (``setattr(x, "_pipesplit_plan", ...)``) or an attribute (``engine._pipesplit_plan``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.startswith("_pipesplit"):
+            yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_pipesplit"):
+            yield node.lineno, ast.unparse(node)
+
+
+def test_the_engine_state_is_the_one_pipesplit_attribute_on_paddle_objects():
+    found = []
+    for module, path in sorted(MODULES.items()):
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        lines = open(path, encoding="utf-8").read().splitlines()
+        found += [f"{rel}:{line}: {src}" for line, src in _pipesplit_attributes(_parse(path))
+                  if (rel, lines[line - 1].strip()) != HANDLE_LINE]
+    assert not found, ("keep what pipesplit knows of an engine in its EngineState "
+                       "(passes/engine_state.py), at its one handle:\n" + "\n".join(found))
+
+
+#: module-level objects that stand for changes pipesplit makes to Paddle's own process-wide
+#: registries (its functions, its pass names): the only process-wide state, each with why
+PROCESS_WIDE = {
+    ("passes/paddle_patches.py", "DOOR"): "Paddle's functions replaced, and Paddle's own",
+    ("passes/registration.py", "ROUTING"): "Paddle's pass names routed, and Paddle's own",
+    ("passes/cpu_hooks.py", "_gloo_rings"): "the gloo contexts made in Paddle's "
+                                            "CommContextManager, which cannot be asked",
+}
+_MUTABLE_CALLS = {"list", "dict", "set", "defaultdict", "Counter", "OrderedDict", "deque"}
+#: objects that hold no state of their own: a type variable; a context variable, whose value
+#: belongs to the running context (set by the call that owns it)
+_STATELESS_CALLS = {"TypeVar", "ContextVar"}
+
+
+def _module_state(tree):
+    """(line, name) of module-level names bound to a mutable container or an object, and
+    ``global`` statements anywhere."""
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
+        value = getattr(node, "value", None)
+        mutable = isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp,
+                                     ast.SetComp)) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and (value.func.id in _MUTABLE_CALLS or value.func.id[:1].isupper())
+            and value.func.id not in _STATELESS_CALLS)
+        for target in targets:
+            if isinstance(target, ast.Name) and mutable and target.id != "__all__" \
+                    and not (target.id.isupper() and not isinstance(value, ast.Call)):
+                yield node.lineno, target.id
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            yield node.lineno, "global " + ", ".join(node.names)
+
+
+def test_the_scan_sees_module_state():
+    code = ("a = [0]\n_b = {}\nc: dict = dict()\nD = Door()\nE = {'x': 1}\n__all__ = ['a']\n"
+            "T = ('x',)\ndef f():\n    global a\nV = ContextVar('v')\n")
+    assert list(_module_state(ast.parse(code))) == [(1, "a"), (2, "_b"), (3, "c"), (4, "D"),
+                                                   (9, "global a")]
+
+
+def test_no_module_level_state_in_passes():
+    """No counters, last plans or switches kept in a module of ``passes/`` or ``ir_utils/``:
+    an engine's belong to its EngineState, an exchange's round to the launch store
+    (``passes/launch_store.py``); UPPER_CASE literals are constants."""
+    found = []
+    for module, path in sorted(MODULES.items()):
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        if rel.split("/")[0] not in ("passes", "ir_utils"):
+            continue
+        found += [f"{rel}:{line}: {name}" for line, name in _module_state(_parse(path))
+                  if (rel, name) not in PROCESS_WIDE]
+    assert not found, "module-level state:\n" + "\n".join(found)
+
+
+# --------------------------------------------------------------------------- tests
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in helper modules (``tests/_*.py``), never in a test module."""
+    tests = os.path.join(ROOT, "tests")
+    test_modules = {name[:-3] for name in os.listdir(tests)
+                    if name.startswith("test_") and name.endswith(".py")}
+    found = []
+    for name in sorted(os.listdir(tests)):
+        if not name.endswith(".py"):
+            continue
+        for node in ast.walk(_parse(os.path.join(tests, name))):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"tests/{name}:{node.lineno}: {m}" for m in imported
+                      if m.split(".")[0] in test_modules]
+    assert not found, "\n".join(found)

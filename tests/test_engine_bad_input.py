@@ -65,9 +65,9 @@ def test_a_misconfigured_pipeline_is_stopped_with_its_cause(results, case):
 def test_a_dead_or_hung_rank_is_named(tmp_path, schedule, fault, job, total):
     """Rank 1 ends (or stops responding) at the start of step 1; rank 0's step fails within
     gloo's timeout, naming itself, the step, the comm job, micro-batch and peer it was in."""
-    from test_multirank import _spawn
+    from _multirank import spawn
 
-    codes, logs = _spawn([ROOT / "tests" / "engine_dead_rank.py", schedule, fault, tmp_path],
+    codes, logs = spawn([ROOT / "tests" / "engine_dead_rank.py", schedule, fault, tmp_path],
                          tmp_path, timeout=300)
     assert codes[0] == 1, logs[0][-3000:]
     line = (tmp_path / "rank0.txt").read_text().strip()

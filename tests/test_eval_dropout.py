@@ -19,18 +19,6 @@ def _vpp(name: str) -> int:
     return 1 if name in ("FThenB", "1F1B", "Eager1F1B", "ZBH1", "ZBH2", "auto") else 2
 
 
-def unsplit_forward(case, prog, scope, full):
-    """The evaluation program run unsplit on each micro-batch."""
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    out = []
-    with paddle.static.scope_guard(scope):
-        for j in range(M):
-            part = {k: v[j * U.MICRO_BATCH_SIZE:(j + 1) * U.MICRO_BATCH_SIZE]
-                    for k, v in full.items()}
-            out.append(float(exe.run(prog.main, feed=part, fetch_list=[prog.loss])[0]))
-    return out
-
-
 @pytest.mark.parametrize("name", schedule_names())
 def test_eval_program_gives_forward_only_plan(name):
     from pipesplit.ir_utils import PlanRunner
@@ -54,7 +42,7 @@ def test_eval_program_gives_forward_only_plan(name):
     scope = U.new_scope(prog)
     full = U.batch(case, 0, M * U.MICRO_BATCH_SIZE)
     out = PlanRunner(pipeline.plan, scope).step(full)
-    assert np.max(np.abs(np.array(out) - unsplit_forward(case, prog, scope, full))) <= 1e-6
+    assert np.max(np.abs(np.array(out) - U.unsplit_forward(prog, scope, full, M))) <= 1e-6
 
 
 def test_forward_only_schedule_checks():

@@ -114,7 +114,8 @@ def test_lockstep_order_is_the_gpu_order_plus_bystander_jobs(name, vpp, m):
     """Every rank's lockstep order, bystanders removed, is its lowered (GPU) order; every
     gathering job of another rank appears as a bystander job exactly once per micro-batch,
     except the peer's half of a send / recv pair (they share the gathers)."""
-    from pipesplit.passes.hybrid import BYSTANDER, lockstep_order
+    from pipesplit.job_list.ir import BYSTANDER
+    from pipesplit.passes.hybrid import lockstep_order
 
     pp = 3
     lowered = lower_comm(build_schedule(name, pp, vpp, m))

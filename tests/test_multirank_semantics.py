@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _user_programs as U  # noqa: E402
-from test_multirank import REPO, TRAIN, _launch  # noqa: E402
+from _multirank import REPO, TRAIN, launch_script  # noqa: E402
 
 TOL = 1e-6
 M = 4
@@ -137,7 +137,7 @@ def test_optimizer_op_mixing_ranks_otherwise_is_refused():
 @pytest.mark.slow
 def test_two_ranks_match_unsplit_grid(tmp_path):
     out = tmp_path / "results.json"
-    proc, logs = _launch([os.path.abspath(__file__), "--worker", out], tmp_path, timeout=400)
+    proc, logs = launch_script([os.path.abspath(__file__), "--worker", out], tmp_path, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + logs[0][-3000:] + logs[1][-3000:]
     results = json.loads(out.read_text())
     assert len(results) == len(GRID)
@@ -163,7 +163,7 @@ def test_train_with_clipping_tied_embeddings_and_lr_schedule(tmp_path):
     flags = ["--schedule", "ZBH1", "--vpp", "1", "-m", "4", "--steps", "3",
              "--clip-global-norm", "0.5", "--tied-embeddings", "--lr-schedule", "step"]
     out = tmp_path / "out.json"
-    proc, logs = _launch([TRAIN] + flags + ["--json", out], tmp_path)
+    proc, logs = launch_script([TRAIN] + flags + ["--json", out], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + logs[0][-3000:] + logs[1][-3000:]
     rec = json.loads(out.read_text())
     assert rec["max_param_diff"] <= TOL
@@ -241,9 +241,7 @@ def _worker(out_path):
         out = PlanRunner(pipeline.plan, scope).step(
             {k: v for k, v in full.items() if k in info.feed_names})
         if info.fetch_names:
-            from test_eval_dropout import unsplit_forward
-
-            ref = unsplit_forward(case, prog, U.new_scope(prog), full)
+            ref = U.unsplit_forward(prog, U.new_scope(prog), full, M)
             evaluations.append({"schedule": name, "job_types": sorted(pipeline.plan.job_types()),
                                 "diff": float(np.max(np.abs(np.array(out) - ref)))})
     with open(f"{out_path}.eval{rank}", "w") as f:  # from the rank holding the last stage

@@ -21,11 +21,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_multirank import TRAIN, _launch, _rank_plans, check_grid_results  # noqa: E402
-
-TOL = 1e-6
-STEPS = ["--steps", "2"]
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_multirank.py")
+from _multirank import (GRID_WORKER, STEPS, TOL, TRAIN, check_grid_results,  # noqa: E402
+                        launch_script, rank_plans)
 
 
 def _cfg(schedule, vpp, m, *extra):
@@ -74,8 +71,8 @@ def _assert_same_collectives(sequences):
 @pytest.mark.parametrize("schedule,pp,vpp,m", [("1F1B", 4, 1, 4), ("ZBV", 4, 2, 8),
                                               ("DualPipeV", 4, 2, 6), ("1F1B", 3, 1, 5)])
 def test_world_ring_orders_match_gpu_and_each_other(schedule, pp, vpp, m):
-    _, cpu = _rank_plans(schedule, pp, vpp, m)
-    _, gpu = _rank_plans(schedule, pp, vpp, m, device="gpu")
+    _, cpu = rank_plans(schedule, pp, vpp, m)
+    _, gpu = rank_plans(schedule, pp, vpp, m, device="gpu")
     pairs = {(r, peer) for r, g in enumerate(gpu)
              for t, _, peer in g.rank_info.comm_sequence if t.startswith("send")}
     for r, (c, g) in enumerate(zip(cpu, gpu)):
@@ -118,13 +115,13 @@ def test_world_ring_comm_from_published_transfers():
     bystander program of its exchange: the engine path's ranks only see their own handoffs."""
     from pipesplit.ir_utils.p2p import Transfer, handoff_type, world_ring_comm
 
-    _, plans = _rank_plans("1F1B", 4, 1, 4)
+    _, plans = rank_plans("1F1B", 4, 1, 4)
     theirs = plans[1].rank_info.comm["send_forward0"].transfers
     rebuilt = [Transfer(t.name, handoff_type(t.shape, t.dtype), t.src, t.dst, t.src_stage,
                         t.dst_stage) for t in theirs]
     programs, roles = world_ring_comm([rebuilt, theirs], rank=3)
-    assert roles == ["bystander1_2", "bystander1_2"] and list(programs) == ["bystander1_2"]
-    roots = [op.attrs()["root"] for op in programs["bystander1_2"].global_block().ops
+    assert roles == ["bystander_1_2", "bystander_1_2"] and list(programs) == ["bystander_1_2"]
+    roots = [op.attrs()["root"] for op in programs["bystander_1_2"].global_block().ops
              if op.name() == "pd_op.broadcast_"]
     assert roots == [1] * (len(theirs) + sum(t.is_dynamic for t in theirs))
     with pytest.raises(ValueError, match="one send / recv pair"):
@@ -146,7 +143,7 @@ def _check_grid(tmp_path, nproc):
     spec.write_text(json.dumps([cfg + STEPS for cfg in grid]))
     out = tmp_path / "out"
     out.mkdir()
-    proc, logs = _launch([WORKER, "--worker", spec, out], tmp_path, timeout=600, nproc=nproc)
+    proc, logs = launch_script([GRID_WORKER, spec, out], tmp_path, timeout=600, nproc=nproc)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + "".join(
         log[-2000:] for log in logs.values())
     check_grid_results(out, grid, pp=nproc)
@@ -168,7 +165,7 @@ def test_train_launcher_matches_demo_with_four_ranks(tmp_path):
 
     argv = ["--schedule", "ZBV", "--vpp", "2", "-m", "8", "--steps", "2"]
     out = tmp_path / "out.json"
-    proc, logs = _launch([TRAIN] + argv + ["--json", out], tmp_path, nproc=4)
+    proc, logs = launch_script([TRAIN] + argv + ["--json", out], tmp_path, nproc=4)
     assert proc.returncode == 0, proc.stdout[-3000:] + "".join(l[-2000:] for l in logs.values())
     rec = json.loads(out.read_text())
     assert rec["max_param_diff"] <= TOL and rec["world_size"] == 4
@@ -182,7 +179,7 @@ def test_train_launcher_matches_demo_with_four_ranks(tmp_path):
 def test_dead_rank_is_reported_with_four_ranks(tmp_path):
     # rank 2 exits at the start of step 1; rank 0 is the root of step 1's first broadcast,
     # which rank 2 must join
-    proc, logs = _launch([TRAIN, "--schedule", "1F1B", "--vpp", "1", "-m", "4", "--steps", "3",
+    proc, logs = launch_script([TRAIN, "--schedule", "1F1B", "--vpp", "1", "-m", "4", "--steps", "3",
                           "--fail-at", "2:1", "--watchdog", "60"], tmp_path, timeout=120, nproc=4)
     assert proc.returncode != 0
     assert "rank 0 failed in step 1, waiting in send_forward0 micro-batch 0 with rank 1 " \
@@ -193,16 +190,16 @@ def test_dead_rank_is_reported_with_four_ranks(tmp_path):
 def test_stuck_rank_is_reported_with_four_ranks(tmp_path):
     # rank 0 stops at the start of step 1: the first exchange of step 1 (rank 0 -> rank 1)
     # never starts; rank 1 waits in its recv, ranks 2 and 3 in their bystander jobs
-    proc, logs = _launch([TRAIN, "--schedule", "ZBV", "--vpp", "2", "-m", "8", "--steps", "3",
+    proc, logs = launch_script([TRAIN, "--schedule", "ZBV", "--vpp", "2", "-m", "8", "--steps", "3",
                           "--fail-at", "0:1:hang", "--watchdog", "5"], tmp_path, timeout=120,
                          nproc=4)
     assert proc.returncode != 0
     # the first watchdog to fire ends its process, whose closed connections then fail the
     # others' broadcasts: each rank reports either way, naming the same comm job
     waits = {1: "recv_forward0 micro-batch 0 with rank 0 (comm job 1 of 96",
-             2: "bystander0_1 micro-batch 0: the world-ring broadcast from rank 0 to rank 1 "
+             2: "bystander_0_1 micro-batch 0: the world-ring broadcast from rank 0 to rank 1 "
                 "(comm job 1 of 96",
-             3: "bystander0_1 micro-batch 0: the world-ring broadcast from rank 0 to rank 1 "
+             3: "bystander_0_1 micro-batch 0: the world-ring broadcast from rank 0 to rank 1 "
                 "(comm job 1 of 96"}
     for r, job in waits.items():
         assert re.search(rf"rank {r} (no progress for 5 s|failed) in step 1, waiting in "

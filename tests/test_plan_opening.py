@@ -9,7 +9,7 @@ import pytest
 from pipesplit.ir_utils import build_gpt
 from pipesplit.passes import strategy as ps_strategy
 
-from test_strategy import _pipeline_strategy
+from _strategies import pipeline_section as _pipeline_strategy
 
 
 @pytest.fixture

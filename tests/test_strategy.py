@@ -14,18 +14,9 @@ from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes import registration
 from pipesplit.passes.engine_state import HANDLE
 
-M, PP, VPP, STEPS = 4, 2, 2, 2
+from _strategies import M, PP, VPP, pipeline_section as _pipeline_strategy
 
-
-def _pipeline_strategy(mode, pp=PP, vpp=VPP, m=M, split_backward=False):
-    s = paddle.distributed.Strategy()
-    s.pipeline.enable = True
-    s.pipeline.schedule_mode = mode
-    s.pipeline.pp_degree = pp
-    s.pipeline.vpp_degree = vpp
-    s.pipeline.accumulate_steps = m
-    s.pipeline.split_backward = split_backward
-    return s.pipeline
+STEPS = 2
 
 
 @pytest.fixture
