@@ -343,7 +343,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     if OPTIMIZER in programs:  # (evaluation and prediction have none)
         clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
     if backend == "gloo" and _needs_lockstep(programs, config):
-        job_order = hybrid_world_ring(programs, found, lowered, config, pipe)
+        job_order = hybrid_world_ring(programs, found, opened, config, pipe)
         progress = CommProgress()  # (its lockstep jobs count no progress)
     else:
         job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,

@@ -4,7 +4,7 @@ On a CPU build one process can use one communicator (see :mod:`pipesplit.ir_util
 so with data or tensor parallelism beside the pipeline every collective of every job becomes a
 world gather that every process issues at the same point.  The step runs in lockstep: the
 processes follow one global order of every pipeline rank's jobs
-(:func:`pipesplit.job_list.lower.global_order`, the lowering's own), each running its own jobs
+(the plan opening's, the lowering's own), each running its own jobs
 and a *bystander* job for every job of another stage that gathers; the optimizers, which differ
 between stages, interleave their gathers inside one program.  All replicas of a stage (its dp /
 mp peers) run the same jobs at the same time, so one gather serves all of them.  Removing the
@@ -14,12 +14,12 @@ launcher's TCP store.
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
                                    SEND_FORWARD, bystander_type, job_type, parse_bystander_type)
-from pipesplit.job_list.lower import global_order, peer_of
+from pipesplit.job_list.lower import RankJob, peer_of
 from pipesplit.job_list.pipe import Pipe
 
 from ._paddle import require_supported_paddle
@@ -70,13 +70,14 @@ def _as_gathers(signature) -> List[Tuple[Tuple[int, ...], str]]:
     return [(tuple(shape), dtype) for shape, dtype in signature]
 
 
-def lockstep_order(lowered: Schedule, rank: int, gathers: Dict[int, Dict[str, list]]
-                   ) -> List[Tuple[str, int]]:
-    """This pipeline rank's jobs in the global order, with a bystander job wherever another
-    rank runs a job that gathers (``gathers[r][job type]`` non-empty); a send and its recv
-    share their gathers, so neither end bystands the other."""
+def lockstep_order(sequence: Sequence[RankJob], lowered: Schedule, rank: int,
+                   gathers: Dict[int, Dict[str, list]]) -> List[Tuple[str, int]]:
+    """This pipeline rank's jobs in the global order ``sequence`` (the plan opening's, of every
+    rank's ``lowered`` jobs), with a bystander job wherever another rank runs a job that
+    gathers (``gathers[r][job type]`` non-empty); a send and its recv share their gathers, so
+    neither end bystands the other."""
     order, own = [], []
-    for who, job in global_order(lowered):
+    for who, job in sequence:
         if job.kind == OPTIMIZER:
             continue
         if who == rank:
@@ -101,11 +102,12 @@ def _optimizer_plan(merged, rank: int):
             for owner, peer, gather in merged]
 
 
-def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: PipelineConfig,
+def hybrid_world_ring(programs: dict, found, opened, config: PipelineConfig,
                       pipe: Pipe) -> List[Tuple[str, int]]:
     """Rewrite ``programs`` (in place) for the CPU world ring, add the comm and bystander
-    programs; returns the job order without the optimizer.  ``found``: this rank's
-    :class:`~pipesplit.passes.engine.EngineTransfer` list."""
+    programs; returns the job order (the plan opening's global order ``opened.order``) without
+    the optimizer.  ``found``: this rank's :class:`~pipesplit.passes.engine.EngineTransfer`
+    list."""
     world = paddle.distributed.get_world_size()
     rank = config.pp_stage
     process = pipe.process_of(rank)
@@ -125,7 +127,7 @@ def hybrid_world_ring(programs: dict, found, lowered: Schedule, config: Pipeline
         for kind, peer, gather in collective_sequence(optimizer, ring_ranks)]
     everyone = _exchange({"jobs": gathers, "optimizer": sequence}, pipe)
     jobs = {r: {t: _as_gathers(sig) for t, sig in p["jobs"].items()} for r, p in everyone.items()}
-    order = lockstep_order(lowered, rank, jobs)
+    order = lockstep_order(opened.order, opened.lowered, rank, jobs)
     for program_type, _ in order:
         bystander = parse_bystander_type(program_type)
         if bystander is not None and program_type not in programs:

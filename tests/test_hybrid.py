@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipesplit.job_list import build_schedule
-from pipesplit.job_list.lower import lower_comm
+from pipesplit.job_list.lower import lower_with_order
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "tests" / "llama_grid.py"
@@ -114,14 +114,14 @@ def test_lockstep_order_is_the_gpu_order_plus_bystander_jobs(name, vpp, m):
     """Every rank's lockstep order, bystanders removed, is its lowered (GPU) order; every
     gathering job of another rank appears as a bystander job exactly once per micro-batch,
     except the peer's half of a send / recv pair (they share the gathers)."""
-    from pipesplit.job_list.ir import BYSTANDER
+    from pipesplit.job_list.ir import BYSTANDER, parse_bystander_type
     from pipesplit.passes.hybrid import lockstep_order
 
     pp = 3
-    lowered = lower_comm(build_schedule(name, pp, vpp, m))
+    lowered, sequence = lower_with_order(build_schedule(name, pp, vpp, m))
     gathers = {r: {j.type: [((2,), "float32")] for j in jobs if j.kind != "optimizer"}
                for r, jobs in enumerate(lowered.ranks)}  # every job gathers (mp > 1)
-    orders = [lockstep_order(lowered, r, gathers) for r in range(pp)]
+    orders = [lockstep_order(sequence, lowered, r, gathers) for r in range(pp)]
     for r, order in enumerate(orders):
         own = [o for o in order if not o[0].startswith(BYSTANDER)]
         assert own == [(j.type, j.micro_batch) for j in lowered.ranks[r]
@@ -132,8 +132,7 @@ def test_lockstep_order_is_the_gpu_order_plus_bystander_jobs(name, vpp, m):
     for r, order in enumerate(orders):
         for job_type, _ in order:
             if job_type.startswith(BYSTANDER):
-                _, who, _ = job_type.split("_", 2)
-                assert int(who) != r
+                assert parse_bystander_type(job_type)[0] != r
 
 
 # --------------------------------------------------------------------------- GPU structure
