@@ -34,7 +34,9 @@ setup(
         "Typing :: Typed",
     ],
     python_requires=">=3.9",
-    packages=["pipesplit", "pipesplit.job_list", "pipesplit.ir_utils", "pipesplit.passes", "pipesplit.tools"],
+    packages=["pipesplit", "pipesplit.job_list", "pipesplit.ir_utils", "pipesplit.passes",
+              "pipesplit.passes.engine", "pipesplit.passes.measure", "pipesplit.passes.transport",
+              "pipesplit.tools"],
     package_dir={
         "pipesplit": "pipesplit",
         "pipesplit.job_list": "job_list",

@@ -1,7 +1,7 @@
 """The measuring core of profiling: allocator statistics, a serial executor, runs behind the
 executor's garbage collector, timed plan runs.
 
-:mod:`pipesplit.passes.profile` builds on these to measure per-job costs and whole steps.
+:mod:`pipesplit.passes.measure.profile` builds on these to measure per-job costs and whole steps.
 
 Allocator statistics: ``host_memory_stat_*("Allocated", 0)`` on CPU, ``device_memory_stat_*``
 on GPU (process RSS hides the allocator's caching).

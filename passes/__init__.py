@@ -3,13 +3,13 @@
 ``apply_pass(main, startup, "ZBV", {"num_micro_batches": 8, "pp_degree": 2, "vpp_degree": 2})``
 returns a ``core.Plan``; ``apply_pipeline`` returns it with the schedule and sub-programs.
 """
-from ._paddle import SUPPORTED_PADDLE_VERSIONS, require_supported_paddle
+from pipesplit.passes._paddle import SUPPORTED_PADDLE_VERSIONS, require_supported_paddle
 
 require_supported_paddle()
 
-from .config import KNOWN_ATTRS, PipelineConfig  # noqa: E402
-from .pipeline import PipelinePlan, emulated_job_order, make_schedule, split_and_schedule  # noqa: E402
-from .registration import (PipesplitSchedulerPass, apply_pass, apply_pipeline, disable,  # noqa: E402
+from pipesplit.passes.config import KNOWN_ATTRS, PipelineConfig  # noqa: E402
+from pipesplit.passes.pipeline import PipelinePlan, emulated_job_order, make_schedule, split_and_schedule  # noqa: E402
+from pipesplit.passes.registration import (PipesplitSchedulerPass, apply_pass, apply_pipeline, disable,  # noqa: E402
                            enable, is_enabled, paddle_pass_class, register_all)
 
 register_all()

@@ -6,8 +6,8 @@ the pipeline) run on the pass's clone, in :func:`pipesplit.ir_utils.split_progra
 """
 from __future__ import annotations
 
-from ._paddle import require_supported_paddle
-from .config import PipelineConfig
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.config import PipelineConfig
 
 paddle = require_supported_paddle()
 

@@ -18,8 +18,8 @@ from pipesplit.job_list.registry import accepted_options
 from pipesplit.job_list.simulate import SimResult, simulate
 from pipesplit.job_list.validate import validate
 
-from ._paddle import require_supported_paddle
-from .config import PipelineConfig
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.config import PipelineConfig
 
 paddle = require_supported_paddle()
 
@@ -40,7 +40,7 @@ class PipelinePlan:
     plan: object                # paddle core.Plan
     backward_split: Optional[SplitReport] = None
     rank_info: Optional[object] = None  # per-rank plans: pipesplit.passes.per_rank.RankInfo
-    # the engine path: this rank's comm jobs (pipesplit.ir_utils.comm_progress.CommProgress)
+    # the engine path: this rank's comm jobs (pipesplit.passes.transport.progress.CommProgress)
     comm_progress: Optional[object] = None
     # the latency model's times of ``schedule`` under the config's costs (steered the lowering)
     timing: Optional[SimResult] = None

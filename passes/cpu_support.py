@@ -23,11 +23,11 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
   ``recv_v2``, whose CPU kernels are stubs: when the engine hands the plan to its executor
   (``Executor._set_plan``) they become gloo broadcasts on ring 0, rooted at the sender.
 
-pipesplit's own engine path (:mod:`pipesplit.passes.engine`) builds its gloo transfers itself.
+pipesplit's own engine path (:mod:`pipesplit.passes.engine_rank`) builds its gloo transfers itself.
 Paddle's own passes run on two CPU ranks (one usable communicator per process); pipesplit's
-serve more (the world ring, :mod:`pipesplit.passes.hybrid`).
-The hook bodies are :mod:`pipesplit.passes.cpu_hooks`; the names are replaced (and given
-back by :func:`disable`) only by :mod:`pipesplit.passes.paddle_patches`, group ``"cpu"``.
+serve more (the world ring, :mod:`pipesplit.passes.transport.lockstep`).
+The hook bodies are :mod:`pipesplit.passes.engine.cpu_hooks`; the names are replaced (and given
+back by :func:`disable`) only by :mod:`pipesplit.passes.engine.paddle_patches`, group ``"cpu"``.
 
 Order: call :func:`enable` before ``dist.to_static``.  Under the launcher ``DistModel`` runs
 ``fleet.init`` at once, so with ``enable_strategy()`` on and this off, ``to_static`` is refused
@@ -37,9 +37,9 @@ communicators and parameters at the first ``train()`` / step.
 """
 from __future__ import annotations
 
-from ._paddle import require_supported_paddle
-from .cpu_hooks import needed
-from . import paddle_patches
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.engine.cpu_hooks import needed
+from pipesplit.passes.engine import paddle_patches
 
 require_supported_paddle()
 

@@ -8,7 +8,7 @@ sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.
 
 * Handoffs crossing from stage ``s`` to ``s+1`` (forward) or ``s`` to ``s-1`` (input gradients)
   between two ranks become p2p transfers in the send / recv sub-programs
-  (:mod:`pipesplit.ir_utils.p2p`: gloo broadcasts on the world ring on CPU, NCCL send_v2 /
+  (:mod:`pipesplit.passes.transport.p2p`: gloo broadcasts on the world ring on CPU, NCCL send_v2 /
   recv_v2 on GPU).
   Adjacent stages on one rank (the V placement's turn) hand over in memory.
 * The optimizer sub-program keeps only the updates of the parameters this rank's stages use;
@@ -17,7 +17,7 @@ sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.
 * The job order is the rank's list from :func:`pipesplit.job_list.lower.lower_comm` (a
   rendezvous-safe order: every rank issues its communications in one global order), optimizer
   last.  On CPU with more than two ranks every broadcast involves all ranks (the world-ring
-  transport, :func:`pipesplit.ir_utils.p2p.world_ring_comm`): the rank's list then also holds
+  transport, :func:`pipesplit.passes.transport.p2p.world_ring_comm`): the rank's list then also holds
   a ``bystander{s}_{t}`` job for each exchange between two other ranks, at its place in
   :func:`pipesplit.job_list.lower.global_order`; without them it is the GPU list.
 """
@@ -32,18 +32,20 @@ from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, COMM_KINDS, COMPUTE_KIN
                                    parse_job_type)
 from pipesplit.job_list.lower import peer_of
 
-from ._paddle import require_supported_paddle
-from .config import PipelineConfig
-from .core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.config import PipelineConfig
+from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.transport import WORLD_RING, pick_transport
 
 paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
-from pipesplit.ir_utils.comm_progress import CommProgress  # noqa: E402
+from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
+from pipesplit.passes.transport.ring_order import comm_transfers, world_ring_order  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
-from pipesplit.ir_utils.p2p import (Transfer, add_event_dependency, all_reduce_sum,  # noqa: E402
+from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency, all_reduce_sum,  # noqa: E402
                                     backend_for, build_comm_program, first_user, producer_of,
-                                    resolve_device, ring_pair, world_ring_comm)
+                                    resolve_device, ring_pair)
 
 
 @dataclass
@@ -140,14 +142,6 @@ def cross_rank_transfers(split: SplitProgram, schedule: Schedule) -> List[Transf
             out.append(Transfer(name, value.type(), placement.rank_of(pstage),
                                 placement.rank_of(cstage), pstage, cstage))
     return out
-
-
-def _comm_transfers(kind: str, stage: int, transfers: List[Transfer]) -> List[Transfer]:
-    """The transfers the send / recv of ``kind`` on ``stage`` carries, by name."""
-    other, _ = other_end(kind, stage)
-    ends = (stage, other) if kind in (SEND_FORWARD, SEND_BACKWARD) else (other, stage)
-    return sorted((t for t in transfers if (t.src_stage, t.dst_stage) == ends),
-                  key=lambda t: t.name)
 
 
 def p2p_ring_ids(schedule: Schedule) -> Dict[Tuple[int, int], int]:
@@ -309,7 +303,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
 
     ``device``: "cpu" (gloo broadcasts on the world ring, any pp_degree), "gpu" (NCCL send_v2 / recv_v2) or
     "auto" (from Paddle's current expected place).  ``progress``: comm programs bump the
-    persistable counter :data:`pipesplit.ir_utils.p2p.PROGRESS_VAR` (zero it per step) so a
+    persistable counter :data:`pipesplit.passes.transport.p2p.PROGRESS_VAR` (zero it per step) so a
     watchdog can name the comm job a stuck rank waits in.
     """
     rank = config.pp_stage
@@ -332,7 +326,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
 
     job_order, comm_sequence = _rank_job_order(lowered, schedule, rank, comm)
     bystanders: Dict[str, Tuple[int, int]] = {}
-    if backend == "gloo":
+    if pick_transport(backend, config.pp_degree, config.pp_degree) == WORLD_RING:
         job_order, comm_sequence, bystanders = world_ring_order(
             schedule, opened.order, rank, transfers, job_order, comm_sequence, programs,
             progress)
@@ -388,7 +382,7 @@ def _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_i
     for c, s in stages.items():
         for kind in COMM_KINDS:
             t = job_type(kind, c)
-            sel = _comm_transfers(kind, s, transfers)
+            sel = comm_transfers(kind, s, transfers)
             prog, comm_ops = build_comm_program(sel, rank, backend, ring_ids=ring_ids,
                                                 progress=progress and bool(sel) and backend == "gloo")
             programs[t] = prog
@@ -457,42 +451,6 @@ def _rank_split(split: SplitProgram, programs, stages: Dict[int, int], num_chunk
         fetches=fetches)
     rank_split.accumulation = split.accumulation
     return rank_split
-
-
-def world_ring_order(schedule, sequence, rank, transfers, own_order, own_comm, programs,
-                      progress):
-    """CPU: the rank's job order with a bystander job for every exchange between two other
-    ranks, at its place in the global order ``sequence`` (the plan opening's, of every rank's
-    lowered jobs; ``programs`` gets the bystander programs).
-    Returns (job order, comm sequence, bystander job type -> (sender, receiver)).  Removing the
-    bystander jobs gives ``own_order`` back (checked): the GPU order."""
-    placement = schedule.placement
-    exchanges, sends = [], []  # sends: index in ``sequence`` of each exchange's send
-    for index, (who, job) in enumerate(sequence):
-        if job.kind in (SEND_FORWARD, SEND_BACKWARD):
-            exchanges.append(_comm_transfers(job.kind, placement.stage(who, job.chunk),
-                                             transfers))
-            sends.append(index)
-    bystander_programs, roles = world_ring_comm(exchanges, rank, progress=progress)
-    programs.update(bystander_programs)
-    role_at = dict(zip(sends, roles))
-    pairs = {t: (exchange[0].src, exchange[0].dst) for exchange, t in zip(exchanges, roles)
-             if t is not None}
-    order, comm_sequence, own = [], [], iter(own_comm)
-    for index, (who, job) in enumerate(sequence):
-        if job.kind == OPTIMIZER:
-            continue
-        if who == rank:
-            order.append((job.type, job.micro_batch))
-            if job.is_comm:
-                comm_sequence.append(next(own))
-        elif role_at.get(index) is not None:
-            order.append((role_at[index], job.micro_batch))
-            comm_sequence.append((role_at[index], job.micro_batch, who))
-    if [o for o in order if o[0] not in pairs] != own_order:
-        raise AssertionError(f"rank {rank}: the global order's own jobs differ from the "
-                             "lowered list")
-    return order, comm_sequence, pairs
 
 
 def _add_events(split, stage_to_chunk, kind, stage, sel, comm_ops, programs):

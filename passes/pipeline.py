@@ -13,11 +13,11 @@ from typing import List, Optional, Tuple
 from pipesplit.job_list import OPTIMIZER, Job, Schedule
 from pipesplit.job_list.lower import global_order
 
-from ._paddle import require_supported_paddle
-from .checks import check_pass_inputs
-from .config import PipelineConfig
-from .core import PipelinePlan, make_schedule, open_schedule, split_sub_programs
-from .per_rank import build_rank_plan
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.checks import check_pass_inputs
+from pipesplit.passes.config import PipelineConfig
+from pipesplit.passes.core import PipelinePlan, make_schedule, open_schedule, split_sub_programs
+from pipesplit.passes.per_rank import build_rank_plan
 
 paddle = require_supported_paddle()
 

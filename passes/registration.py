@@ -12,9 +12,9 @@ from typing import Dict, Optional
 
 from pipesplit.job_list import get_spec, schedule_names
 
-from ._paddle import require_supported_paddle
-from .config import PipelineConfig
-from .pipeline import PipelinePlan, split_and_schedule
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.config import PipelineConfig
+from pipesplit.passes.pipeline import PipelinePlan, split_and_schedule
 
 require_supported_paddle()
 from paddle.distributed.passes.pass_base import PassBase, PassContext  # noqa: E402

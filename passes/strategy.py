@@ -15,23 +15,24 @@ completion, its chunk check and the loss fetch.  :func:`enable_strategy`:
 * routes Paddle's ``pipeline_scheduler_<NAME>`` passes to pipesplit (registration.enable).
 
 :func:`disable_strategy` restores all of it.  The engine's per-rank program goes to
-:mod:`pipesplit.passes.engine`; a whole-model program (chunk id = global stage) to
+:mod:`pipesplit.passes.engine_rank`; a whole-model program (chunk id = global stage) to
 :mod:`pipesplit.passes.pipeline` (``pp_stage`` from this process's rank, or every rank emulated
 in one process); zero its gradient accumulators with ``last_pipeline().init_scope(scope)``.
 
-The Paddle names are replaced by :mod:`pipesplit.passes.paddle_patches` (group ``"engine"``,
-the full list there), the hook bodies are :mod:`pipesplit.passes.engine_hooks`, the strategy's
-translation :mod:`pipesplit.passes.strategy_config`.
+The Paddle names are replaced by :mod:`pipesplit.passes.engine.paddle_patches` (group ``"engine"``,
+the full list there), the hook bodies are :mod:`pipesplit.passes.engine.hooks`, the strategy's
+translation :mod:`pipesplit.passes.engine.strategy_config`.
 """
 from __future__ import annotations
 
-from ._paddle import require_supported_paddle
-from .engine_hooks import Replanned, last_pipeline, pipeline_pass
-from .engine_hooks import replan as _replan_engine
-from .engine_state import engine_state
-from .strategy_config import (check_strategy, config_from_strategy, measure_costs,
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.engine.hooks import Replanned, last_pipeline, pipeline_pass
+from pipesplit.passes.engine.hooks import replan as _replan_engine
+from pipesplit.passes.engine.state import engine_state
+from pipesplit.passes.engine.strategy_config import (check_strategy, config_from_strategy, measure_costs,
                               pipe_from_strategy, record_pipe, requested_schedule, use_costs)
-from . import paddle_patches, registration
+from pipesplit.passes import registration
+from pipesplit.passes.engine import paddle_patches
 
 require_supported_paddle()
 

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import auto_parallel_pipeline as example  # noqa: E402
 
 from pipesplit.job_list import Costs  # noqa: E402
-from pipesplit.passes import cpu_support, engine_hooks, strategy as ps_strategy  # noqa: E402
-from pipesplit.passes.replan import profile_jobs  # noqa: E402
+from pipesplit.passes import cpu_support, strategy as ps_strategy  # noqa: E402
+from pipesplit.passes.engine import hooks as engine_hooks  # noqa: E402
+from pipesplit.passes.measure.replan import profile_jobs  # noqa: E402
 
 COST_FILE = Path(__file__).resolve().parent / "data" / "profiled_mlp_pp2_vpp1.json"
 #: costs whose auto schedule differs from the default one (stage 0's I almost free, its W

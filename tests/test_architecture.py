@@ -227,7 +227,7 @@ def test_the_checkout_imports_the_package_without_path_tricks():
 # --------------------------------------------------------------------------- state
 
 #: the one attribute pipesplit sets on Paddle's objects, and the one line that names it
-HANDLE_LINE = ("passes/engine_state.py", 'HANDLE = "_pipesplit"')
+HANDLE_LINE = ("passes/engine/state.py", 'HANDLE = "_pipesplit"')
 
 
 def _pipesplit_attributes(tree):
@@ -249,15 +249,15 @@ def test_the_engine_state_is_the_one_pipesplit_attribute_on_paddle_objects():
         found += [f"{rel}:{line}: {src}" for line, src in _pipesplit_attributes(_parse(path))
                   if (rel, lines[line - 1].strip()) != HANDLE_LINE]
     assert not found, ("keep what pipesplit knows of an engine in its EngineState "
-                       "(passes/engine_state.py), at its one handle:\n" + "\n".join(found))
+                       "(passes/engine/state.py), at its one handle:\n" + "\n".join(found))
 
 
 #: module-level objects that stand for changes pipesplit makes to Paddle's own process-wide
 #: registries (its functions, its pass names): the only process-wide state, each with why
 PROCESS_WIDE = {
-    ("passes/paddle_patches.py", "DOOR"): "Paddle's functions replaced, and Paddle's own",
+    ("passes/engine/paddle_patches.py", "DOOR"): "Paddle's functions replaced, and Paddle's own",
     ("passes/registration.py", "ROUTING"): "Paddle's pass names routed, and Paddle's own",
-    ("passes/cpu_hooks.py", "_gloo_rings"): "the gloo contexts made in Paddle's "
+    ("passes/engine/cpu_hooks.py", "_gloo_rings"): "the gloo contexts made in Paddle's "
                                             "CommContextManager, which cannot be asked",
 }
 _MUTABLE_CALLS = {"list", "dict", "set", "defaultdict", "Counter", "OrderedDict", "deque"}
@@ -297,7 +297,7 @@ def test_the_scan_sees_module_state():
 def test_no_module_level_state_in_passes():
     """No counters, last plans or switches kept in a module of ``passes/`` or ``ir_utils/``:
     an engine's belong to its EngineState, an exchange's round to the launch store
-    (``passes/launch_store.py``); UPPER_CASE literals are constants."""
+    (``passes/transport/launch_store.py``); UPPER_CASE literals are constants."""
     found = []
     for module, path in sorted(MODULES.items()):
         rel = os.path.relpath(path, ROOT).replace(os.sep, "/")

@@ -1,4 +1,4 @@
-"""What a rank says when its step fails (:mod:`pipesplit.ir_utils.comm_progress`): the root
+"""What a rank says when its step fails (:mod:`pipesplit.passes.transport.progress`): the root
 cause of a real Paddle error, however long its message, and where the rank was, in words that
 do not suggest a communication fault when it was not in one."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
-from pipesplit.ir_utils.comm_progress import CommProgress, failure_reason, root_cause
+from pipesplit.passes.transport.progress import CommProgress, failure_reason, root_cause
 
 CAUSE = "InvalidArgumentError: The 'shape' in ReshapeOp is invalid."
 

@@ -87,7 +87,7 @@ def test_dp_and_mp_beside_the_pipeline_train_llama_like_the_reference(tmp_path):
 # --------------------------------------------------------------------------- pure pieces
 
 def test_optimizer_gathers_merge_into_one_order_with_each_send_beside_its_recv():
-    from pipesplit.ir_utils.world_ring import merge_sequences
+    from pipesplit.passes.transport.world_ring import merge_sequences
 
     g = ((1,), "float32")
     sequences = {0: [("group", None, g), ("recv", 1, g), ("recv", 1, g), ("send", 1, g)],
@@ -99,7 +99,7 @@ def test_optimizer_gathers_merge_into_one_order_with_each_send_beside_its_recv()
 
 
 def test_unmatched_optimizer_exchanges_are_refused():
-    from pipesplit.ir_utils.world_ring import merge_sequences
+    from pipesplit.passes.transport.world_ring import merge_sequences
 
     g = ((1,), "float32")
     with pytest.raises(ValueError, match="cannot be put in one order"):
@@ -115,7 +115,7 @@ def test_lockstep_order_is_the_gpu_order_plus_bystander_jobs(name, vpp, m):
     gathering job of another rank appears as a bystander job exactly once per micro-batch,
     except the peer's half of a send / recv pair (they share the gathers)."""
     from pipesplit.job_list.ir import BYSTANDER, parse_bystander_type
-    from pipesplit.passes.hybrid import lockstep_order
+    from pipesplit.passes.transport.lockstep import lockstep_order
 
     pp = 3
     lowered, sequence = lower_with_order(build_schedule(name, pp, vpp, m))

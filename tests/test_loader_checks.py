@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 import pytest
 
-from pipesplit.passes.loader_checks import check_loader
+from pipesplit.passes.engine.loader_checks import check_loader
 
 
 class Samples(paddle.io.Dataset):
@@ -110,7 +110,7 @@ def _loss_program(label_dtype, soft_label=False):
 
 
 def test_float_labels_for_a_hard_label_loss_are_refused(static_mode):
-    from pipesplit.passes.loader_checks import check_labels_are_class_ids
+    from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids
 
     check_labels_are_class_ids(_loss_program("int64"))
     with pytest.raises(ValueError, match="reads the labels as class indices, but they are "

@@ -81,7 +81,7 @@ def test_comm_sequences_pair_up():
 
 
 def test_gloo_programs_use_broadcast_rooted_at_sender():
-    from pipesplit.ir_utils.p2p import comm_peers
+    from pipesplit.passes.transport.p2p import comm_peers
 
     _, plans = rank_plans("VPP", 2, 2, 4)
     for r, p in enumerate(plans):

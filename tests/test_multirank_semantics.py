@@ -184,7 +184,7 @@ def _worker(out_path):
 
     sys.path.insert(0, REPO)
     from pipesplit.ir_utils import PlanRunner
-    from pipesplit.ir_utils.p2p import PROGRESS_VAR
+    from pipesplit.passes.transport.p2p import PROGRESS_VAR
     from pipesplit.passes import apply_pipeline
     from pipesplit.tools.train import _exchange
 

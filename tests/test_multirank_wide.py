@@ -1,6 +1,6 @@
 """More than two ranks on CPU: the world-ring transport (every transfer a broadcast on ring 0
 in which all ranks take part; ranks that are neither end run a bystander job at the exchange's
-place in the global order, see :func:`pipesplit.ir_utils.p2p.world_ring_comm`).
+place in the global order, see :func:`pipesplit.passes.transport.p2p.world_ring_comm`).
 
 Fast tests check the per-rank plans in one process: without the bystander jobs a CPU rank's
 job order is the GPU (NCCL) one, and every rank issues the same broadcasts (root, shape,
@@ -113,7 +113,7 @@ def test_world_ring_clipping_and_tied_weights_reduce_on_every_rank():
 def test_world_ring_comm_from_published_transfers():
     """What another rank publishes (name, shape, dtype, ends, stages) is enough to build the
     bystander program of its exchange: the engine path's ranks only see their own handoffs."""
-    from pipesplit.ir_utils.p2p import Transfer, handoff_type, world_ring_comm
+    from pipesplit.passes.transport.p2p import Transfer, handoff_type, world_ring_comm
 
     _, plans = rank_plans("1F1B", 4, 1, 4)
     theirs = plans[1].rank_info.comm["send_forward0"].transfers
@@ -129,7 +129,7 @@ def test_world_ring_comm_from_published_transfers():
 
 
 def test_bystander_program_needs_transfers():
-    from pipesplit.ir_utils.p2p import build_bystander_program
+    from pipesplit.passes.transport.p2p import build_bystander_program
 
     with pytest.raises(ValueError, match="at least one transfer"):
         build_bystander_program([])

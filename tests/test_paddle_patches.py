@@ -1,4 +1,4 @@
-"""The one door to Paddle's internals (``pipesplit.passes.paddle_patches``): each group patches
+"""The one door to Paddle's internals (``pipesplit.passes.engine.paddle_patches``): each group patches
 all its names or none, disabling gives Paddle's own objects back, and a name two groups wrap
 is composed the same way whatever order they are enabled and disabled in."""
 from __future__ import annotations
@@ -9,9 +9,10 @@ import paddle
 import pytest
 from paddle.distributed.auto_parallel.static.engine import Engine
 
-from pipesplit.passes import cpu_support, paddle_patches, registration
+from pipesplit.passes import cpu_support, registration
+from pipesplit.passes.engine import paddle_patches
 from pipesplit.passes import strategy as ps_strategy
-from pipesplit.passes.paddle_patches import GROUPS, PATCHES, Patch, PaddleMismatchError, PatchDoor
+from pipesplit.passes.engine.paddle_patches import GROUPS, PATCHES, Patch, PaddleMismatchError, PatchDoor
 
 
 def _current(group):

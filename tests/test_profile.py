@@ -1,4 +1,4 @@
-"""Profiler (pipesplit.passes.profile, ``pipesplit profile``), memory calibration, demo --profile."""
+"""Profiler (pipesplit.passes.measure.profile, ``pipesplit profile``), memory calibration, demo --profile."""
 import json
 
 import pytest
@@ -7,7 +7,7 @@ import paddle  # noqa: F401
 
 from pipesplit.job_list import build_schedule  # noqa: E402
 from pipesplit.job_list.simulate import Costs, simulate  # noqa: E402
-from pipesplit.passes.profile import (Profile, build_model, calibrate,  # noqa: E402
+from pipesplit.passes.measure.profile import (Profile, build_model, calibrate,  # noqa: E402
                                       measure_schedule, parse_memory, profile_jobs)
 from pipesplit.tools.cli import load_schedules, main  # noqa: E402
 

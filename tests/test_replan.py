@@ -1,4 +1,4 @@
-"""``auto`` through the engine measures its jobs and re-plans once (pipesplit.passes.replan).
+"""``auto`` through the engine measures its jobs and re-plans once (pipesplit.passes.measure.replan).
 
 The pieces with fixed numbers (deterministic): the costs every process's measurement gives,
 a rank's measurement of its jobs, the step each strategy measures; the profiler's job events
@@ -19,9 +19,9 @@ import paddle
 
 from pipesplit.job_list import Costs, build_schedule
 from pipesplit.passes import strategy as ps_strategy
-from pipesplit.passes.engine_state import HANDLE
+from pipesplit.passes.engine.state import HANDLE
 from pipesplit.passes.config import PipelineConfig
-from pipesplit.passes.replan import (MEASURED_STEP, costs_from, job_times, profile_jobs,
+from pipesplit.passes.measure.replan import (MEASURED_STEP, costs_from, job_times, profile_jobs,
                                      rank_measurement)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,7 +106,7 @@ def test_the_profiler_names_every_job_a_plan_ran():
     from pipesplit.ir_utils import init_scope
     from pipesplit.ir_utils.measure import TimedExecutor
     from pipesplit.passes import apply_pipeline
-    from pipesplit.passes.profile import build_model
+    from pipesplit.passes.measure.profile import build_model
 
     with _static_mode():
         model = build_model("gpt", 2, 4, hidden=16)
@@ -128,7 +128,7 @@ def _pipeline(schedule="auto"):
 
 
 def test_which_step_each_strategy_measures(monkeypatch):
-    from pipesplit.passes.strategy_config import measured_step
+    from pipesplit.passes.engine.strategy_config import measured_step
 
     assert measured_step(_pipeline("auto").pipeline) == MEASURED_STEP == 1
     assert measured_step(_pipeline("auto-v").pipeline) == MEASURED_STEP
@@ -176,7 +176,7 @@ def test_the_rendezvous_names_the_rank_that_did_not_arrive(monkeypatch):
     together they pass; alone, rank 0 gives up after the bound, naming rank 1 and the phase."""
     import threading
     from _launch import free_port
-    from pipesplit.passes.replan import TIMEOUT_ENV, rendezvous, rendezvous_timeout
+    from pipesplit.passes.measure.replan import TIMEOUT_ENV, rendezvous, rendezvous_timeout
 
     port = free_port()
     store = _store(True, port)

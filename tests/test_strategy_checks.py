@@ -1,5 +1,5 @@
 """The engine user's ``strategy.pipeline`` checked before the engine builds anything
-(:mod:`pipesplit.passes.strategy_checks`): real ``paddle.distributed.Strategy()`` objects and
+(:mod:`pipesplit.passes.engine.strategy_checks`): real ``paddle.distributed.Strategy()`` objects and
 real ``paddle.nn`` models, one process, no program built."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import paddle
 import pytest
 
-from pipesplit.passes.strategy_checks import (check_engine_strategy, check_fields, check_model,
+from pipesplit.passes.engine.strategy_checks import (check_engine_strategy, check_fields, check_model,
                                               check_world)
 
 
@@ -179,8 +179,8 @@ def _pipeline_strategy(accumulate_steps=4, merge=None):
 
 @pytest.mark.parametrize("merge", [None, "default", 4])
 def test_gradient_merge_as_paddle_runs_it_is_accepted_and_set_as_paddle_sets_it(merge):
-    from pipesplit.passes.strategy_checks import check_gradient_merge
-    from pipesplit.passes.strategy_config import fill_in_what_paddle_derives
+    from pipesplit.passes.engine.strategy_checks import check_gradient_merge
+    from pipesplit.passes.engine.strategy_config import fill_in_what_paddle_derives
 
     strategy = _pipeline_strategy(merge=merge)
     check_gradient_merge(strategy)
@@ -189,7 +189,7 @@ def test_gradient_merge_as_paddle_runs_it_is_accepted_and_set_as_paddle_sets_it(
 
 
 def test_another_k_steps_says_what_paddle_would_do():
-    from pipesplit.passes.strategy_checks import check_gradient_merge
+    from pipesplit.passes.engine.strategy_checks import check_gradient_merge
 
     strategy = _pipeline_strategy(merge=8)
     before = copy.deepcopy(strategy.gradient_merge.to_dict())
@@ -215,7 +215,7 @@ def _on_meshes(model, meshes):
 
 def test_pp_degree_left_at_1_takes_the_number_of_stage_meshes():
     import paddle.distributed as dist
-    from pipesplit.passes.strategy_config import fill_in_what_paddle_derives, stage_mesh_count
+    from pipesplit.passes.engine.strategy_config import fill_in_what_paddle_derives, stage_mesh_count
 
     paddle.disable_static()
     meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(2)]
@@ -251,7 +251,7 @@ def test_uneven_stages_are_simulated_with_their_sizes():
     unit costs scaled by 2 / 1.75 and 1 / 1.75; costs the user gives win; even stages keep
     the unit costs."""
     from pipesplit.job_list.costs import Costs
-    from pipesplit.passes.strategy_config import block_sizes, config_from_strategy, use_costs
+    from pipesplit.passes.engine.strategy_config import block_sizes, config_from_strategy, use_costs
 
     section = pipeline(**ZBV)
     blocks = block_sizes(section, placed([4, 3]))

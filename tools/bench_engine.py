@@ -32,7 +32,7 @@ Measured per (schedule, impl):
   the schedule the pass reuses).  One untimed engine per impl is built first: the first
   preparation in a process pays one-time costs (imports, first calls);
 * **auto**: as a user gets it, no cost file: it measures its jobs in step 1 and re-plans
-  (``pipesplit.passes.replan``); step 2 builds the new plan's executor, so the default warm-up
+  (``pipesplit.passes.measure.replan``); step 2 builds the new plan's executor, so the default warm-up
   is 3 steps.  Its row carries the costs it measured;
 * **max loss diff**: largest |loss - reference| over every step and micro-batch; reference:
   Paddle's 1F1B through the same engine (clipping off: Paddle clips the SUM of the micro-batch
@@ -212,7 +212,7 @@ class PassTimer:
 
     TARGETS = (("paddle.distributed.auto_parallel.static.engine", "pipeline_pass"),
                ("paddle.distributed.auto_parallel.static.pir_pass", "pipeline_pass"),
-               ("pipesplit.passes.engine_hooks", "check_strategy"))
+               ("pipesplit.passes.engine.hooks", "check_strategy"))
 
     def __init__(self):
         self.seconds = 0.0
@@ -342,7 +342,7 @@ class EngineRun:
             self.barrier()
             t0 = time.monotonic()
             if profiled:
-                from pipesplit.passes.replan import profile_jobs
+                from pipesplit.passes.measure.replan import profile_jobs
 
                 loss, self.jobs = profile_jobs(lambda: self.dist_model(x, y))
             else:

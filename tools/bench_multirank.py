@@ -19,7 +19,7 @@ rank):
 
 * **comm**: half the median round trip of a gloo broadcast of one handoff (micro-batch x
   seq x hidden float32) between the ranks;
-* **job times**: both ranks run :func:`~pipesplit.passes.profile.profile_jobs` on the
+* **job times**: both ranks run :func:`~pipesplit.passes.measure.profile.profile_jobs` on the
   4-stage model at the same time; the medians of the two are averaged per job type and
   stage.  A 2-stage job is the sum of the two 4-stage jobs it is made of;
 * **optimizer**: the profiled whole-model optimizer time, split over the ranks by the
@@ -188,7 +188,7 @@ def measure_comm(ranks: Ranks, shape: Sequence[int]) -> float:
 def profile_costs(args, ranks: Ranks, comm_ms: float, log):
     """(costs of the 4-stage model, of the 2-stage model, whole optimizer ms, profiles): both
     ranks profile at once, the times are averaged."""
-    from pipesplit.passes.profile import Profile, profile_jobs
+    from pipesplit.passes.measure.profile import Profile, profile_jobs
 
     model = build(args, 2 * PP, PROFILE_M)
     t0 = time.perf_counter()
@@ -264,7 +264,7 @@ class ScheduleRun:
         """One training step behind a barrier; its (start, end) kept when ``timed``."""
         import numpy as np
 
-        from pipesplit.ir_utils.p2p import PROGRESS_VAR
+        from pipesplit.passes.transport.p2p import PROGRESS_VAR
 
         batch = self.model.make_batch(step)
         feed = {k: v for k, v in batch.items() if k in self.info.feed_names}

@@ -4,7 +4,7 @@
         [--micro-batch-size 8] [--seq-len 64] [--repeats 7] [--json PATH]
 
 On a GPT (``build_gpt``; hidden >= 512 makes it compute-bound on CPU) split into ``pp`` stages,
-:func:`pipesplit.passes.profile.profile_jobs` times each job type in the standalone executor
+:func:`pipesplit.passes.measure.profile.profile_jobs` times each job type in the standalone executor
 (medians of interleaved runs, see its doc).  Per stage it prints tB (the unsplit backward),
 tI (backward_b), tW (backward_w), (tI + tW) / tB, and splits the gap tI + tW - tB into
 
@@ -34,7 +34,7 @@ def measure(hidden: int = 512, layers_per_stage: int = 2, pp: int = 2, m: int = 
     paddle.enable_static()
     from pipesplit.ir_utils import build_gpt
     from pipesplit.job_list.ir import BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, job_type
-    from pipesplit.passes.profile import profile_jobs, split_programs
+    from pipesplit.passes.measure.profile import profile_jobs, split_programs
 
     model = build_gpt(pp, layers_per_stage=layers_per_stage, hidden=hidden, heads=max(1, hidden // 64),
                       seq_len=seq_len, batch_size=m * micro_batch_size, optimizer="adam", lr=1e-3)

@@ -200,7 +200,7 @@ def _profiled_attrs(args, model) -> dict:
     limit = getattr(args, "memory_limit", None)
     if not getattr(args, "profile", False) and limit is None:
         return {}
-    from pipesplit.passes.profile import format_bytes, parse_memory
+    from pipesplit.passes.measure.profile import format_bytes, parse_memory
 
     attrs = {}
     if limit is not None:
@@ -209,7 +209,7 @@ def _profiled_attrs(args, model) -> dict:
             raise ValueError(f"--memory-limit {limit} is in bytes: add --profile to measure the "
                              f"activation size that converts it to simulator units")
     if args.profile:
-        from pipesplit.passes.profile import profile_jobs
+        from pipesplit.passes.measure.profile import profile_jobs
 
         if args.profile_repeats < 1:
             raise ValueError(f"--profile-repeats must be >= 1, got {args.profile_repeats}")

@@ -71,7 +71,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def run_profile(args, log=None):
     """profile_jobs for the parsed ``args`` (model built from the model options)."""
-    from pipesplit.passes.profile import profile_jobs
+    from pipesplit.passes.measure.profile import profile_jobs
 
     return profile_jobs(args.model, args.pp, args.vpp, args.m, repeats=args.repeats,
                         inner=args.inner, log=log, **model_options(args))

@@ -12,7 +12,7 @@ it computes itself) and ``max_param_diff`` (over every rank's parameters, gather
 launcher's TCP store).
 
 On CPU (gloo) every transfer is a broadcast on the world ring in which all ranks take part
-(any pp; see :mod:`pipesplit.ir_utils.p2p`); on a GPU build the ranks talk over NCCL send_v2 /
+(any pp; see :mod:`pipesplit.passes.transport.p2p`); on a GPU build the ranks talk over NCCL send_v2 /
 recv_v2.
 
 A hang does not stay silent: gloo collectives time out (about 30 s) and a watchdog thread
@@ -122,7 +122,7 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
 
     import paddle
     from pipesplit.ir_utils import init_scope, read_params, run_unsplit_baseline
-    from pipesplit.ir_utils.p2p import PROGRESS_VAR
+    from pipesplit.passes.transport.p2p import PROGRESS_VAR
     from pipesplit.passes.config import PipelineConfig
     from pipesplit.passes.per_rank import build_rank_plan
     from pipesplit.tools.demo import build_model
@@ -184,7 +184,7 @@ def _train_steps(args, rank, model, pipeline, scope, place, log) -> list:
     """``args.steps`` steps through the rank's plan under the watchdog (and ``--fail-at``);
     the per-micro-batch losses of each step where this rank fetches them."""
     from pipesplit.ir_utils import PlanRunner
-    from pipesplit.ir_utils.comm_progress import failure_reason
+    from pipesplit.passes.transport.progress import failure_reason
     from pipesplit.tools.demo import schedule_restored
 
     info = pipeline.rank_info

@@ -27,7 +27,7 @@ from pipesplit.job_list import Schedule
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe
 
-from .config import PipelineConfig
+from pipesplit.passes.config import PipelineConfig
 
 #: the one attribute pipesplit sets on a Paddle object (a strategy's pipeline section)
 HANDLE = "_pipesplit"
@@ -80,7 +80,7 @@ class EngineState:
     built: Optional[object] = None  # the PipelinePlan the pass built last
     modes: Dict[str, ModePlan] = field(default_factory=dict)
     train_steps: int = 0          # training steps run (the measured step counts them)
-    replanned: Optional[object] = None  # pipesplit.passes.engine_hooks.Replanned
+    replanned: Optional[object] = None  # pipesplit.passes.engine.hooks.Replanned
 
     def __deepcopy__(self, memo):
         return self  # one state per engine, however often Paddle copies its strategy

@@ -10,10 +10,10 @@ from typing import Optional
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe, pipe_of
 
-from .config import PipelineConfig
-from .engine_state import (DEFAULT_MEASURE, EngineState, options_of, set_options,
+from pipesplit.passes.config import PipelineConfig
+from pipesplit.passes.engine.state import (DEFAULT_MEASURE, EngineState, options_of, set_options,
                            state_of)
-from .replan import MEASURED_STEP
+from pipesplit.passes.measure.replan import MEASURED_STEP
 
 _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
 
@@ -82,7 +82,7 @@ def block_sizes(pipeline_strategy, model) -> Optional[list]:
     (Paddle's VPP test: 7 layers on pp 2), else None: the schedule is then built and
     simulated with job costs in proportion to each virtual stage's blocks
     (:func:`sized_costs`), unless :func:`use_costs` gave costs."""
-    from .strategy_checks import blocks_per_stage_mesh
+    from pipesplit.passes.engine.strategy_checks import blocks_per_stage_mesh
 
     per_rank = blocks_per_stage_mesh(pipeline_strategy, model)
     return per_rank if per_rank is not None and len(set(per_rank)) > 1 else None
@@ -164,8 +164,8 @@ def use_costs(strategy, costs) -> None:
 def measure_costs(strategy, step: Optional[int] = MEASURED_STEP) -> None:
     """Measure every rank's jobs during training step ``step`` (0-based) through the engine
     and build the training plan again once with the costs measured (see
-    :mod:`pipesplit.passes.replan`); ``step=None`` measures nothing.  By default ``auto`` /
-    ``autoV`` measure step :data:`~pipesplit.passes.replan.MEASURED_STEP` on a CPU build when
+    :mod:`pipesplit.passes.measure.replan`); ``step=None`` measures nothing.  By default ``auto`` /
+    ``autoV`` measure step :data:`~pipesplit.passes.measure.replan.MEASURED_STEP` on a CPU build when
     :func:`use_costs` gave no costs; other schedules measure nothing (their order does not
     depend on costs).  Host-side job times stand for the jobs' costs only on CPU: on a
     CUDA build give a cost file (:func:`use_costs`) instead."""
@@ -198,7 +198,7 @@ def measured_step(pipeline_strategy) -> Optional[int]:
 
 def _on_cuda() -> bool:
     """Whether the engine runs on a GPU (the one device rule, as the pass's transport)."""
-    from pipesplit.ir_utils.p2p import resolve_device
+    from pipesplit.passes.transport.p2p import resolve_device
 
     return resolve_device("auto") == "gpu"
 
@@ -245,7 +245,7 @@ def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> Pipeline
 
 def checked_request(pipeline_strategy, blocks: Optional[list] = None):
     """(config, schedule): :func:`check_strategy`'s config and the schedule it built."""
-    from .core import build_for
+    from pipesplit.passes.core import build_for
 
     config = config_from_strategy(pipeline_strategy, pp_stage=None, blocks=blocks)
     try:
@@ -265,8 +265,8 @@ def open_engine_state(engine) -> EngineState:
     once into an :class:`~.engine_state.EngineState` (not yet attached)."""
     import paddle.distributed as dist
 
-    from .engine_surgery import placements_of
-    from .strategy_checks import check_fields, check_gradient_merge, check_model, check_world
+    from pipesplit.passes.engine.surgery import placements_of
+    from pipesplit.passes.engine.strategy_checks import check_fields, check_gradient_merge, check_model, check_world
 
     pipeline = engine._strategy.pipeline
     check_fields(pipeline)

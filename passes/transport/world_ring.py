@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import paddle
 
-from .p2p import CPU_RING_ID, Transfer
+from pipesplit.passes.transport.p2p import CPU_RING_ID, Transfer
 
 #: one world gather: (shape, dtype name)
 Gather = Tuple[Tuple[int, ...], str]

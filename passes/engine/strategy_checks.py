@@ -24,7 +24,7 @@ import difflib
 import re
 from typing import List, Optional
 
-from ._paddle import require_supported_paddle
+from pipesplit.passes._paddle import require_supported_paddle
 
 paddle = require_supported_paddle()
 

@@ -1,5 +1,5 @@
 """What the engine hooks change in the engine's model and programs (the hooks themselves are
-in :mod:`pipesplit.passes.engine_hooks`): the user's parameter placements, kept and given
+in :mod:`pipesplit.passes.engine.hooks`): the user's parameter placements, kept and given
 back, and the fetched output of a prediction program."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The CPU transport of hybrid meshes (dp / mp beside pp): every collective on the world ring.
 
-On a CPU build one process can use one communicator (see :mod:`pipesplit.ir_utils.world_ring`),
+On a CPU build one process can use one communicator (see :mod:`pipesplit.passes.transport.world_ring`),
 so with data or tensor parallelism beside the pipeline every collective of every job becomes a
 world gather that every process issues at the same point.  The step runs in lockstep: the
 processes follow one global order of every pipeline rank's jobs
@@ -22,13 +22,13 @@ from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND
 from pipesplit.job_list.lower import RankJob, peer_of
 from pipesplit.job_list.pipe import Pipe
 
-from ._paddle import require_supported_paddle
-from .config import PipelineConfig
-from .launch_store import launch_store, round_key
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.config import PipelineConfig
+from pipesplit.passes.transport.launch_store import launch_store, round_key
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils.world_ring import (bystander_program, collective_sequence,  # noqa: E402
+from pipesplit.passes.transport.world_ring import (bystander_program, collective_sequence,  # noqa: E402
                                            emulate_group_collectives, emulate_with_bystanders,
                                            merge_sequences, world_comm_program)
 
@@ -106,7 +106,7 @@ def hybrid_world_ring(programs: dict, found, opened, config: PipelineConfig,
                       pipe: Pipe) -> List[Tuple[str, int]]:
     """Rewrite ``programs`` (in place) for the CPU world ring, add the comm and bystander
     programs; returns the job order (the plan opening's global order ``opened.order``) without
-    the optimizer.  ``found``: this rank's :class:`~pipesplit.passes.engine.EngineTransfer`
+    the optimizer.  ``found``: this rank's :class:`~pipesplit.passes.engine_rank.EngineTransfer`
     list."""
     world = paddle.distributed.get_world_size()
     rank = config.pp_stage

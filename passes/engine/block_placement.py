@@ -1,6 +1,7 @@
 """Blocks onto the meshes of a schedule's placement: PIR surgery on the engine's whole
 distributed program, before its chunk completion.
 
+:func:`block_meshes` gives a user the meshes to place the blocks on for a schedule themselves.
 A user writes the model with its blocks on the stage meshes in model order (Paddle's VPP
 documentation does); a schedule with vpp > 1 deals each stage mesh's blocks one by one to that
 rank's chunks, as Paddle's chunk completion does (``Placement.deal_blocks``: the counts per rank
@@ -9,6 +10,8 @@ moves the ops, re-makes the reshards at the new boundaries and lets the values e
 from a mesh of all stages (a mask, position ids) follow each layer.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 def _stage_move(op) -> bool:
     """A ``dist_op.reshard`` that only moves a value to another mesh of the same shape with the
@@ -66,6 +69,27 @@ def _blocks_in_model_order(ops, seg_method, meshes) -> bool:
                 return False
             last = stage
     return True
+
+
+def block_meshes(meshes: Sequence, num_blocks: int, schedule_mode: str, vpp_degree: int = 1
+                 ) -> list:
+    """The process mesh of each of ``num_blocks`` blocks (model order) for the schedule's
+    placement: ``meshes[r]`` is pipeline rank r's mesh.  Block i goes to virtual stage
+    ``Placement.stage_of_block(i, num_blocks)`` and that stage's rank (looped or V).  Use it to
+    place the blocks, the head (the last block's mesh) and the labels, so one model code serves
+    every schedule; with vpp = 1 and looped schedules it is the plain model-order split."""
+    from pipesplit.job_list.placement import Placement, check_positive_int
+    from pipesplit.job_list.registry import get_spec
+
+    pp = len(meshes)
+    check_positive_int("vpp_degree", vpp_degree)
+    stages = pp * vpp_degree
+    if num_blocks % stages:
+        raise ValueError(f"num_blocks must be a multiple of pp x vpp_degree = {stages}, "
+                         f"got {num_blocks}")
+    placement = Placement(get_spec(schedule_mode).placement, pp, vpp_degree)
+    return [meshes[placement.rank_of(placement.stage_of_block(i, num_blocks))]
+            for i in range(num_blocks)]
 
 
 #: ops that keep their mesh: reshards (re-made where needed), parameters (they move with their

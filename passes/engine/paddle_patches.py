@@ -5,9 +5,9 @@ wrapper factory (Paddle's function -> the function installed in its place) and t
 group it belongs to:
 
 * ``"engine"`` - :func:`pipesplit.passes.strategy.enable_strategy` (hook bodies in
-  :mod:`pipesplit.passes.engine_hooks`);
+  :mod:`pipesplit.passes.engine.hooks`);
 * ``"cpu"`` - :func:`pipesplit.passes.cpu_support.enable` (hook bodies in
-  :mod:`pipesplit.passes.cpu_hooks`).
+  :mod:`pipesplit.passes.engine.cpu_hooks`).
 
 :func:`enable` checks first that every name of the group exists in this Paddle (a
 :class:`PaddleMismatchError` naming each missing one), then patches all of them.  A name that
@@ -22,8 +22,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable, Dict, List, NamedTuple, Tuple
 
-from ._paddle import SUPPORTED_PADDLE_VERSIONS, require_supported_paddle
-from . import cpu_hooks, engine_hooks
+from pipesplit.passes._paddle import SUPPORTED_PADDLE_VERSIONS, require_supported_paddle
+from pipesplit.passes.engine import cpu_hooks, hooks as engine_hooks
 
 paddle = require_supported_paddle()
 

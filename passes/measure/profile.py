@@ -33,7 +33,7 @@ from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS,
                                    FORWARD, OPTIMIZER, job_type, parse_job_type)
 from pipesplit.job_list.simulate import Costs
 
-from ._paddle import require_supported_paddle
+from pipesplit.passes._paddle import require_supported_paddle
 
 paddle = require_supported_paddle()
 

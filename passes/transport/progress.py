@@ -1,10 +1,10 @@
 """Where a rank is in its step's communication: which comm job, micro-batch and peer.
 
-Every comm program can bump a persistable counter (:data:`pipesplit.ir_utils.p2p.PROGRESS_VAR`)
+Every comm program can bump a persistable counter (:data:`pipesplit.passes.transport.p2p.PROGRESS_VAR`)
 once its transfers are done (``build_comm_program(..., progress=True)``); zeroed before each
 step, it counts the comm jobs finished.  When a step fails (a peer's process ended, a gloo
 timeout) or stalls, :meth:`CommProgress.where` names the job it was in.  Our multi-rank runner
-(``tools/train.py``) and the engine path (:mod:`pipesplit.passes.engine_hooks`) both say it so.
+(``tools/train.py``) and the engine path (:mod:`pipesplit.passes.engine.hooks`) both say it so.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .p2p import PROGRESS_VAR
+from pipesplit.passes.transport.p2p import PROGRESS_VAR
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What pipesplit's stand-ins for Paddle's engine functions do.  Each ``hook(original)``
 returns the function installed in place of Paddle's ``original``; which Paddle name each one
-replaces, and the replacing itself, is :mod:`pipesplit.passes.paddle_patches` (group
+replaces, and the replacing itself, is :mod:`pipesplit.passes.engine.paddle_patches` (group
 ``"engine"``, enabled by :func:`pipesplit.passes.strategy.enable_strategy`).  Why each name is
 wrapped: ``docs/engine.md``."""
 from __future__ import annotations
@@ -13,21 +13,21 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
-from pipesplit.ir_utils.comm_progress import failure_reason
-from pipesplit.ir_utils.p2p import backend_for, resolve_device
+from pipesplit.passes.transport.progress import failure_reason
+from pipesplit.passes.transport.p2p import backend_for, resolve_device
 
-from .block_placement import assign_placement
-from .checks import check_sequence_parallel
-from .cpu_hooks import needed as cpu_support_needed
-from .core import PipelinePlan
-from .engine import build_engine_rank_plan, is_engine_program
-from .engine_state import ENGINE_MODE, HANDLE, EngineState, ModePlan, engine_state, state_of
-from .engine_surgery import name_an_output, restore_user_placements
-from .loader_checks import check_labels_are_class_ids, check_loader
-from .pipeline import split_and_schedule
-from .strategy_config import (config_from_strategy, open_engine_state, pipe_from_strategy,
+from pipesplit.passes.engine.block_placement import assign_placement
+from pipesplit.passes.checks import check_sequence_parallel
+from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
+from pipesplit.passes.core import PipelinePlan
+from pipesplit.passes.engine_rank import build_engine_rank_plan, is_engine_program
+from pipesplit.passes.engine.state import ENGINE_MODE, HANDLE, EngineState, ModePlan, engine_state, state_of
+from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
+from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
+from pipesplit.passes.pipeline import split_and_schedule
+from pipesplit.passes.engine.strategy_config import (config_from_strategy, open_engine_state, pipe_from_strategy,
                               record_pipe)
-from .launch_store import round_key
+from pipesplit.passes.transport.launch_store import round_key
 
 #: the PipelinePlan the pass built last in this context (:func:`last_pipeline`)
 _LAST_PIPELINE: ContextVar[Optional[PipelinePlan]] = ContextVar("pipesplit_last_pipeline",
@@ -53,7 +53,7 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``.
 
     The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
-    :func:`pipesplit.passes.engine.build_engine_rank_plan`; a whole-model program (chunk id =
+    :func:`pipesplit.passes.engine_rank.build_engine_rank_plan`; a whole-model program (chunk id =
     global stage) to :func:`pipesplit.passes.pipeline.split_and_schedule`."""
     main = _single(dense_main_program, "dense_main_program")
     _single(dense_startup_program, "dense_startup_program")
@@ -122,7 +122,7 @@ def cpu_support_first(original):
 
 
 def check_the_loader(original):
-    """``DistModel.__init__``: the loader is checked (:mod:`pipesplit.passes.loader_checks`)
+    """``DistModel.__init__``: the loader is checked (:mod:`pipesplit.passes.engine.loader_checks`)
     before the engine draws from it, on every rank alike; a strategy field of the wrong type
     is left to the strategy check, which names it."""
     def __init__(self, layer, loader, *args, **kwargs):
@@ -259,7 +259,7 @@ def _forget_executors(executor) -> None:
 def measure_and_replan(original):
     """``Engine.run``: the training step :func:`~.strategy_config.measured_step` names runs
     under Paddle's profiler; every process's job times become the costs all of them re-plan
-    with (:mod:`pipesplit.passes.replan`), once."""
+    with (:mod:`pipesplit.passes.measure.replan`), once."""
     def run(self, *args, **kwargs):
         mode = kwargs.get("mode") or self._mode
         state = engine_state(self)
@@ -273,7 +273,7 @@ def measure_and_replan(original):
             return original(self, *args, **kwargs)
         import paddle.distributed as dist
 
-        from .replan import costs_from, profile_jobs, rank_measurement, rendezvous, share
+        from pipesplit.passes.measure.replan import costs_from, profile_jobs, rank_measurement, rendezvous, share
 
         rank, world = dist.get_rank(), dist.get_world_size()
         key = round_key("measured", rank)
@@ -431,7 +431,7 @@ def stage_by_mesh(original):
 def check_chunk_id(original):
     """Paddle's chunk check needs chunk ids, which the engine sets only for vpp > 1; with one
     chunk per rank (no op has a chunk id) pipesplit gives every op chunk 0 itself
-    (:func:`pipesplit.passes.engine.localize_chunks`)."""
+    (:func:`pipesplit.passes.engine_rank.localize_chunks`)."""
     def check_chunk_id(dist_program):
         if not any(op.dist_attr is not None and op.dist_attr.chunk_id >= 0
                    for op in dist_program.global_block().ops):

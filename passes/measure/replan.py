@@ -5,7 +5,7 @@ the strategy has (:func:`pipesplit.passes.strategy.use_costs`), or the simulator
 Without given costs, every rank profiles its own jobs during one early training step
 (:data:`MEASURED_STEP` by default: the first step also builds the executor's interpreters),
 the ranks agree on the costs through the launcher's TCP store, and the plan is built again
-once with them (:func:`pipesplit.passes.engine_hooks.replan`).
+once with them (:func:`pipesplit.passes.engine.hooks.replan`).
 
 The pieces, each on its own:
 
@@ -34,8 +34,8 @@ from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS,
 from pipesplit.job_list.placement import Placement
 from pipesplit.job_list.registry import get_spec
 
-from .config import PipelineConfig
-from .launch_store import launch_store
+from pipesplit.passes.config import PipelineConfig
+from pipesplit.passes.transport.launch_store import launch_store
 
 #: the training step (0-based) whose jobs are measured: step 0 builds the interpreters
 MEASURED_STEP = 1

@@ -1,11 +1,11 @@
 """What pipesplit's stand-ins for Paddle's CPU-blind engine functions do (why each gap exists:
 :mod:`pipesplit.passes.cpu_support`).  Each ``hook(original)`` returns the function installed
 in place of Paddle's ``original``; the replacing itself is
-:mod:`pipesplit.passes.paddle_patches` (group ``"cpu"``, enabled by
+:mod:`pipesplit.passes.engine.paddle_patches` (group ``"cpu"``, enabled by
 :func:`pipesplit.passes.cpu_support.enable`)."""
 from __future__ import annotations
 
-from ._paddle import require_supported_paddle
+from pipesplit.passes._paddle import require_supported_paddle
 
 paddle = require_supported_paddle()
 
@@ -125,7 +125,7 @@ def set_plan(original):
         """Paddle's own pipeline plans carry NCCL-style send_v2 / recv_v2, whose CPU kernels
         are stubs: they become gloo broadcasts (what pipesplit's CPU transport uses)."""
         from paddle.distributed.auto_parallel.static.process_group import get_process_group
-        from pipesplit.ir_utils.p2p import drop_event_dependencies, p2p_to_gloo_broadcasts
+        from pipesplit.passes.transport.p2p import drop_event_dependencies, p2p_to_gloo_broadcasts
 
         rank = paddle.distributed.get_rank()
         programs = [plan.ir_program(t) for t in plan.job_types()]

@@ -18,13 +18,13 @@ micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
 3. the send / recv jobs get p2p programs: on CPU gloo broadcasts on ring 0 (every rank joining
    every transfer beyond two ranks), or, with dp / mp beside the pipeline or an optimizer
    exchange between more than two ranks, every collective a world gather in lockstep
-   (:mod:`pipesplit.passes.hybrid`); on GPU the engine's own NCCL rings;
+   (:mod:`pipesplit.passes.transport.lockstep`); on GPU the engine's own NCCL rings;
 4. the job order is this rank's list from pipesplit's lowering (rendezvous-safe), optimizer last.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
@@ -32,45 +32,24 @@ from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND
 from pipesplit.job_list.lower import peer_of
 from pipesplit.job_list.pipe import Pipe
 
-from ._paddle import require_supported_paddle
-from .config import PipelineConfig
-from .core import PipelinePlan, open_schedule, split_sub_programs
-from .hybrid import hybrid_world_ring, ring_ranks as _ring_ranks
-from .launch_store import launch_store, round_key
-from .per_rank import world_ring_order
+from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.config import PipelineConfig
+from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.transport.lockstep import hybrid_world_ring, ring_ranks as _ring_ranks
+from pipesplit.passes.transport import LOCKSTEP, WORLD_RING, pick_transport
+from pipesplit.passes.transport.ring_order import world_ring_order, world_transfers
 
 paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
-from pipesplit.ir_utils.comm_progress import CommProgress  # noqa: E402
+from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
-from pipesplit.ir_utils.p2p import (Transfer, add_event_dependency, build_comm_program,  # noqa: E402
+from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency, build_comm_program,  # noqa: E402
                                     first_user, p2p_to_gloo_broadcasts, producer_of)
 
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
 HANDOFF_PREFIX = "pipesplit_p2p_"
-
-
-def block_meshes(meshes: Sequence, num_blocks: int, schedule_mode: str, vpp_degree: int = 1
-                 ) -> list:
-    """The process mesh of each of ``num_blocks`` blocks (model order) for the schedule's
-    placement: ``meshes[r]`` is pipeline rank r's mesh.  Block i goes to virtual stage
-    ``Placement.stage_of_block(i, num_blocks)`` and that stage's rank (looped or V).  Use it to
-    place the blocks, the head (the last block's mesh) and the labels, so one model code serves
-    every schedule; with vpp = 1 and looped schedules it is the plain model-order split."""
-    from pipesplit.job_list.placement import Placement, check_positive_int
-    from pipesplit.job_list.registry import get_spec
-
-    pp = len(meshes)
-    check_positive_int("vpp_degree", vpp_degree)
-    stages = pp * vpp_degree
-    if num_blocks % stages:
-        raise ValueError(f"num_blocks must be a multiple of pp x vpp_degree = {stages}, "
-                         f"got {num_blocks}")
-    placement = Placement(get_spec(schedule_mode).placement, pp, vpp_degree)
-    return [meshes[placement.rank_of(placement.stage_of_block(i, num_blocks))]
-            for i in range(num_blocks)]
 
 
 def is_engine_program(program) -> bool:
@@ -211,35 +190,6 @@ def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, 
             f"(pp_degree={lowered.pp}, vpp_degree={lowered.vpp})")
 
 
-def world_transfers(found: List[EngineTransfer], schedule: Schedule, rank: int
-                    ) -> List[Transfer]:
-    """Every cross-rank transfer of the step, on every rank: the CPU world-ring transport
-    (more than two ranks) needs each rank to take part in the others' exchanges, but the engine
-    gives each rank only its own program.  The senders publish shapes and dtypes through the
-    launcher's TCP store; this rank's own transfers keep their names."""
-    import json
-
-    from pipesplit.ir_utils.p2p import handoff_type
-
-    store = launch_store()
-    key = round_key("engine", paddle.distributed.get_rank(), store)
-    sends = [[t.kind, t.transfer.src_stage, t.transfer.dst_stage, t.transfer.dst,
-              [int(d) for d in t.transfer.shape], str(t.transfer.dtype).replace("paddle.", "")]
-             for t in found if t.kind in (SEND_FORWARD, SEND_BACKWARD)]
-    store.set(f"{key}/{rank}", json.dumps(sends).encode())
-    out = [t.transfer for t in found]
-    for other in range(schedule.pp):
-        if other == rank:
-            continue
-        published = json.loads(bytes(store.get(f"{key}/{other}")).decode())
-        for i, (kind, src_stage, dst_stage, dst, shape, dtype) in enumerate(published):
-            if dst != rank:  # this rank's own recvs are in ``found``
-                out.append(Transfer(f"rank{other}_{job_type(kind, src_stage)}_{i:04d}",
-                                    handoff_type(shape, dtype), other, dst, src_stage,
-                                    dst_stage))
-    return out
-
-
 def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: bool) -> None:
     """GPU: the op producing a sent value records an event its send waits for; a received
     value's first consumer in every compute program waits for the recv's event."""
@@ -255,19 +205,15 @@ def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: 
                     add_event_dependency(comm_op, user, f"{t.name}_{program_type}")
 
 
-def _needs_lockstep(programs, config: PipelineConfig) -> bool:
-    """CPU: the world-ring lockstep transport (:mod:`pipesplit.passes.hybrid`) serves dp / mp
-    beside the pipeline, and an optimizer exchanging values between more than two pipeline
-    ranks (the global norm of ``ClipGradByGlobalNorm``); plain pipelines keep the transfers'
-    broadcasts."""
-    if paddle.distributed.get_world_size() > config.pp_degree:
-        return True
+def _optimizer_exchanges(programs) -> bool:
+    """Whether the optimizer exchanges values between pipeline ranks (the global norm of
+    ``ClipGradByGlobalNorm``)."""
     optimizer = programs.get(OPTIMIZER)
-    return config.pp_degree > 2 and optimizer is not None and any(
-        op.name() in P2P_OPS for op in optimizer.global_block().ops)
+    return optimizer is not None and any(op.name() in P2P_OPS
+                                         for op in optimizer.global_block().ops)
 
 
-def _pipeline_transport(programs, found, opened, config, pipe, backend):
+def _pipeline_transport(programs, found, opened, config, pipe, backend, transport):
     """One process per stage (CPU: broadcasts on ring 0, every rank joining every transfer
     beyond two ranks) or NCCL (the engine's rings): comm programs into ``programs``; returns
     the job order without the optimizer and its comm jobs (on CPU each bumps the progress
@@ -277,7 +223,7 @@ def _pipeline_transport(programs, found, opened, config, pipe, backend):
     process = pipe.process_of(rank)
     optimizer = programs.get(OPTIMIZER)
     if backend == "gloo" and optimizer is not None:  # it runs last on every rank: its
-        # exchanges (two ranks: _needs_lockstep sends more elsewhere) match as broadcasts
+        # exchanges (two ranks: more take the lockstep) match as broadcasts
         p2p_to_gloo_broadcasts(optimizer, process, _ring_ranks)
     compute = dict(programs)
     for chunk in range(config.vpp_degree):
@@ -300,7 +246,7 @@ def _pipeline_transport(programs, found, opened, config, pipe, backend):
                                      f"{expected}")
             own_comm.append((job.type, job.micro_batch, peer_of(schedule, rank, job)))
         job_order.append((job.type, job.micro_batch))
-    if backend == "gloo" and config.pp_degree > 2:  # every rank takes part in every transfer
+    if transport == WORLD_RING:  # every rank takes part in every transfer
         job_order, own_comm, bystanders = world_ring_order(
             schedule, opened.order, rank, world_transfers(found, schedule, rank), job_order,
             own_comm, programs, progress=True)
@@ -342,12 +288,14 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     programs = dict(split.programs)
     if OPTIMIZER in programs:  # (evaluation and prediction have none)
         clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
-    if backend == "gloo" and _needs_lockstep(programs, config):
+    transport = pick_transport(backend, paddle.distributed.get_world_size(), config.pp_degree,
+                               _optimizer_exchanges(programs))
+    if transport == LOCKSTEP:
         job_order = hybrid_world_ring(programs, found, opened, config, pipe)
         progress = CommProgress()  # (its lockstep jobs count no progress)
     else:
         job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,
-                                                  backend)
+                                                  backend, transport)
     if OPTIMIZER in programs:
         job_order.append((OPTIMIZER, 0))
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}

@@ -1,0 +1,17 @@
+"""pipesplit inside Paddle's auto-parallel engine (``dist.to_static`` with ``strategy.pipeline``).
+
+* :mod:`.state` - the one :class:`~.state.EngineState` of an engine, at one handle;
+* :mod:`.strategy_config`, :mod:`.strategy_checks`, :mod:`.loader_checks` - the user's strategy
+  and loader, read and checked once when the engine is made;
+* :mod:`.hooks` - what pipesplit's stand-ins for the engine's functions do;
+* :mod:`.paddle_patches` - the one door through which they replace Paddle's names (checked,
+  reversible); :mod:`.cpu_hooks` - a CPU build's gaps in the engine;
+* :mod:`.block_placement`, :mod:`.surgery` - what the hooks change in the engine's model and
+  programs (blocks onto the meshes of the schedule's placement).
+
+The user's entry points are :mod:`pipesplit.passes.strategy` and
+:mod:`pipesplit.passes.cpu_support`; :func:`block_meshes` places blocks for a schedule by hand.
+"""
+from pipesplit.passes.engine.block_placement import block_meshes
+
+__all__ = ["block_meshes"]
