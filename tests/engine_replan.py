@@ -25,7 +25,7 @@ import auto_parallel_pipeline as example  # noqa: E402
 
 from pipesplit.job_list import Costs  # noqa: E402
 from pipesplit.passes import cpu_support, strategy as ps_strategy  # noqa: E402
-from pipesplit.passes.engine import hooks as engine_hooks  # noqa: E402
+from pipesplit.passes.engine.state import engine_state  # noqa: E402
 from pipesplit.passes.measure.replan import profile_jobs  # noqa: E402
 
 COST_FILE = Path(__file__).resolve().parent / "data" / "profiled_mlp_pp2_vpp1.json"
@@ -66,7 +66,7 @@ def scenario(name, out: Path):
         if loss is not None:
             losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
     done = ps_strategy.replanned(dist_model)
-    trained_with = dist_model._engine.__dict__[engine_hooks._PIPELINES]["train"].config.costs
+    trained_with = engine_state(dist_model._engine).pipeline_of("train").config.costs
     ref, ref_params = example.reference(args)
     params = example.local_parameters(dist_model)
     record = {

@@ -28,7 +28,7 @@ Measured per (schedule, impl):
 * **pass ms**: time inside the pipeline pass while the engine is prepared (``to_static``,
   ``train()``, first step), by a wrapper installed only then, only in this process, around the
   engine module's ``pipeline_pass`` and ``pir_pass``'s (Paddle's own, or pipesplit's
-  ``engine_hooks.pipeline_pass``) and, for pipesplit, ``engine_hooks.check_strategy`` (it builds
+  ``engine_hooks.pipeline_pass``) and, for pipesplit, ``engine_hooks.open_engine_state`` (it builds
   the schedule the pass reuses).  One untimed engine per impl is built first: the first
   preparation in a process pays one-time costs (imports, first calls);
 * **auto**: as a user gets it, no cost file: it measures its jobs in step 1 and re-plans
@@ -212,7 +212,7 @@ class PassTimer:
 
     TARGETS = (("paddle.distributed.auto_parallel.static.engine", "pipeline_pass"),
                ("paddle.distributed.auto_parallel.static.pir_pass", "pipeline_pass"),
-               ("pipesplit.passes.engine.hooks", "check_strategy"))
+               ("pipesplit.passes.engine.hooks", "open_engine_state"))
 
     def __init__(self):
         self.seconds = 0.0
