@@ -42,24 +42,32 @@ __all__ = ["Replanned", "check_strategy", "config_from_strategy", "disable_strat
            "requested_schedule", "use_costs"]
 
 _GROUP = "engine"
+_ROUTES = "engine_routes"
 
 
 def enable_strategy() -> None:
     """Route ``pir_pass.pipeline_pass`` (and the engine's imported name) to pipesplit, and let
-    the engine serve any pipesplit schedule name in ``strategy.pipeline.schedule_mode``."""
+    the engines built from now on serve any pipesplit schedule name in
+    ``strategy.pipeline.schedule_mode``.  Call it before ``dist.to_static``: an engine built
+    before it gets a ``ValueError`` saying so at its next call."""
     if paddle_patches.is_enabled(_GROUP):
         return
-    paddle_patches.check_names(_GROUP)  # before the pass registry changes
+    for group in (_GROUP, _ROUTES):
+        paddle_patches.check_names(group)  # before the pass registry changes
     registration.enable(by="strategy")
+    paddle_patches.enable(_ROUTES)
     paddle_patches.enable(_GROUP)
 
 
 def disable_strategy() -> None:
-    """Give Paddle its own ``pipeline_pass``, chunk completion and engine back (and its pass
-    names, unless they were routed to pipesplit before :func:`enable_strategy`)."""
+    """Engines built from now on are Paddle's own: Paddle gets its ``pipeline_pass``, chunk
+    completion and engine back (and its pass names, unless they were routed to pipesplit before
+    :func:`enable_strategy`).  An engine built with pipesplit keeps working as it was built:
+    its engine functions stay routed while it lives (and route Paddle's own engines to Paddle)."""
     if not paddle_patches.is_enabled(_GROUP):
         return
     paddle_patches.disable(_GROUP)
+    paddle_patches.release(_ROUTES)
     registration.disable(by="strategy")
 
 

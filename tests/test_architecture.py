@@ -255,7 +255,7 @@ def test_the_engine_state_is_the_one_pipesplit_attribute_on_paddle_objects():
 #: module-level objects that stand for changes pipesplit makes to Paddle's own process-wide
 #: registries (its functions, its pass names): the only process-wide state, each with why
 PROCESS_WIDE = {
-    ("passes/engine/paddle_patches.py", "DOOR"): "Paddle's functions replaced, and Paddle's own",
+    ("passes/engine/door.py", "DOOR"): "Paddle's functions replaced, and Paddle's own",
     ("passes/registration.py", "ROUTING"): "Paddle's pass names routed, and Paddle's own",
     ("passes/engine/cpu_hooks.py", "_gloo_rings"): "the gloo contexts made in Paddle's "
                                             "CommContextManager, which cannot be asked",

@@ -12,12 +12,13 @@ from paddle.distributed.auto_parallel.static.engine import Engine
 from pipesplit.passes import cpu_support, registration
 from pipesplit.passes.engine import paddle_patches
 from pipesplit.passes import strategy as ps_strategy
+from pipesplit.passes.engine.door import _resolve
 from pipesplit.passes.engine.paddle_patches import GROUPS, PATCHES, Patch, PaddleMismatchError, PatchDoor
 
 
 def _current(group):
     """(owner, name) -> what the owner holds now (None: absent)."""
-    return {(p.owner, p.name): getattr(paddle_patches._resolve(p.owner), p.name, None)
+    return {(p.owner, p.name): getattr(_resolve(p.owner), p.name, None)
             for p in PATCHES if p.group == group}
 
 
@@ -57,8 +58,10 @@ def test_the_public_switches_go_through_the_door():
     was = registration.is_enabled()
     ps_strategy.enable_strategy()
     assert paddle_patches.is_enabled("engine") and ps_strategy.is_strategy_enabled()
-    ps_strategy.disable_strategy()
+    assert paddle_patches.is_enabled("engine_routes")
+    ps_strategy.disable_strategy()  # (no engine built with pipesplit holds the routes)
     assert not paddle_patches.is_enabled("engine") and registration.is_enabled() == was
+    assert not paddle_patches.is_enabled("engine_routes")
     assert cpu_support.enable() == cpu_support.needed()
     assert paddle_patches.is_enabled("cpu") == cpu_support.needed() == cpu_support.is_enabled()
     cpu_support.disable()
@@ -75,6 +78,7 @@ def test_a_missing_name_is_named_and_nothing_is_patched(monkeypatch):
     with pytest.raises(PaddleMismatchError, match=re.escape(message)):
         ps_strategy.enable_strategy()
     assert not paddle_patches.is_enabled("engine") and registration.is_enabled() == was
+    assert not paddle_patches.is_enabled("engine_routes")
     assert _current("engine") == before
 
 
@@ -87,11 +91,29 @@ def test_a_missing_cpu_name_patches_nothing(monkeypatch):
     assert _current("cpu") == before
 
 
+def test_a_held_group_stays_installed_until_its_holders_are_gone():
+    class Holder:
+        pass
+
+    before = _current("engine_routes")
+    holder = Holder()
+    paddle_patches.enable("engine_routes")
+    paddle_patches.hold("engine_routes", holder)
+    assert not paddle_patches.release("engine_routes")
+    assert paddle_patches.is_enabled("engine_routes")
+    del holder
+    assert paddle_patches.release("engine_routes")
+    assert not paddle_patches.is_enabled("engine_routes")
+    assert _current("engine_routes") == before
+
+
 def test_listing_names_owner_name_group_and_state():
     listed = paddle_patches.list_patches()
     assert [(s.owner, s.name, s.group) for s in listed] == \
         [(p.owner, p.name, p.group) for p in PATCHES]
     assert ("paddle.distributed.auto_parallel.static.engine.Engine", "_prepare_program",
+            "engine_routes", False) in listed
+    assert ("paddle.distributed.auto_parallel.static.engine.Engine", "__init__",
             "engine", False) in listed
     assert ("paddle.base.core", "reshard", "cpu", False) in listed
     assert {s.group for s in listed} == set(GROUPS)
@@ -125,8 +147,8 @@ def _shared_door(owner):
                       Patch(path, "shared", _tag("cpu"), "cpu")])
 
 
-@pytest.mark.parametrize("enable_order", [GROUPS, GROUPS[::-1]])
-@pytest.mark.parametrize("disable_order", [GROUPS, GROUPS[::-1]])
+@pytest.mark.parametrize("enable_order", [("engine", "cpu"), ("cpu", "engine")])
+@pytest.mark.parametrize("disable_order", [("engine", "cpu"), ("cpu", "engine")])
 def test_a_name_two_groups_wrap_is_composed_in_any_order(enable_order, disable_order):
     door, original = _shared_door(Owner), Owner.shared
     for group in enable_order:

@@ -21,6 +21,7 @@ from pipesplit.passes.checks import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
 from pipesplit.passes.engine_rank import build_engine_rank_plan, is_engine_program
+from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.state import ENGINE_MODE, HANDLE, EngineState, ModePlan, engine_state, state_of
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
 from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
@@ -77,11 +78,39 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     return built.plan
 
 
+def route_the_pipeline_pass(original):
+    """``pipeline_pass`` (pir_pass's and the engine module's name): pipesplit's
+    :func:`pipeline_pass` for an engine with a pipesplit state, and for any program while
+    pipesplit is switched on; Paddle's own otherwise (an engine built while it was off)."""
+    def routed(dense_main_program, dense_startup_program, pipeline_strategy):
+        if state_of(pipeline_strategy) is None and not pipesplit_is_on():
+            return original(dense_main_program, dense_startup_program, pipeline_strategy)
+        return pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy)
+    return routed
+
+
+def pipesplit_is_on() -> bool:
+    """Whether new engines are pipesplit's (:func:`~pipesplit.passes.strategy.enable_strategy`
+    and not disabled since)."""
+    return DOOR.is_enabled("engine")
+
+
 def built_before_enable() -> ValueError:
     return ValueError(
         "this engine was built before pipesplit.passes.strategy.enable_strategy() was "
         "called: call enable_strategy() (and cpu_support.enable() on a CPU build) before "
         "dist.to_static, so the engine's strategy is checked and its stage meshes seen")
+
+
+def served_state(engine) -> Optional[EngineState]:
+    """The state of an engine pipesplit serves; None for Paddle's own engine (built while
+    pipesplit was off), which Paddle serves.  A pipeline engine without a state while
+    pipesplit is on was built before :func:`~pipesplit.passes.strategy.enable_strategy`
+    (Paddle's engine would then meet pipesplit's pass halfway): refused."""
+    state = engine_state(engine)
+    if state is None and engine._strategy.pipeline.enable and pipesplit_is_on():
+        raise built_before_enable()
+    return state
 
 
 def last_pipeline() -> Optional[PipelinePlan]:
@@ -104,6 +133,7 @@ def engine_init(original):
             self._acc_steps = pipeline.accumulate_steps  # (Paddle's __init__ read k_steps)
             setattr(pipeline, HANDLE, state)
             pipeline.schedule_mode = ENGINE_MODE
+            DOOR.hold("engine_routes", state)  # served while it lives
     return __init__
 
 
@@ -152,7 +182,7 @@ def keep_plan_per_mode(original):
     ``eval()`` after ``train()`` ran the training plan with the evaluation program's fetch.
     Each mode's plan is kept here (see :func:`switch_to_the_mode_plan`)."""
     def _prepare_program(self, mode, *args, **kwargs):
-        state = engine_state(self)
+        state = served_state(self)
         if state is None:
             return original(self, mode, *args, **kwargs)
         if state.modes:  # another mode ran first: trace this one as written
@@ -176,7 +206,7 @@ def name_a_failed_step(original):
     as pipesplit's own multi-rank runner does; Paddle says only ``std::exception``."""
     def run(self, *args, **kwargs):
         mode = kwargs.get("mode") or self._mode
-        state = engine_state(self)
+        state = served_state(self)
         planned = None if state is None else state.modes.get(mode)
         if planned is None or planned.progress is None:
             return original(self, *args, **kwargs)
@@ -374,8 +404,8 @@ def switch_to_the_mode_plan(original):
     loss fetch and the feed names use the plan and the data specs of the mode that runs,
     whichever mode was prepared last."""
     def to_mode(self, mode):
+        state = served_state(self)
         original(self, mode)
-        state = engine_state(self)
         planned = None if state is None else state.modes.get(mode)
         if planned is not None:
             for key, value in planned.engine_fields.items():
