@@ -54,7 +54,8 @@ def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
     config, checked = checked_request(strategy)  # what the Engine.__init__ hook does
     searched = calls["simulate"]  # (auto's search simulates its candidates)
     assert calls["build"] == 1
-    setattr(strategy, HANDLE, EngineState(mode, config, checked, UserOptions(), None, {}))
+    setattr(strategy, HANDLE, EngineState(mode, config, checked, UserOptions(), None, {},
+                                          frozenset()))
     built = build_gpt(num_stages=2 * vpp, hidden=16, batch_size=8, seed=3)
     ps_strategy.pipeline_pass([built.main], [built.main], strategy)
     assert dict(calls) == {"build": 1, "lower": 1, "simulate": searched + 1}

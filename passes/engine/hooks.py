@@ -6,6 +6,7 @@ wrapped: ``docs/engine.md``."""
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import sys
 import time
@@ -130,11 +131,50 @@ def engine_init(original):
         pipeline = self._strategy.pipeline
         if pipeline.enable and not isinstance(getattr(pipeline, HANDLE, None), EngineState):
             state = open_engine_state(self)
+            check_names_apart(state)
             self._acc_steps = pipeline.accumulate_steps  # (Paddle's __init__ read k_steps)
             setattr(pipeline, HANDLE, state)
             pipeline.schedule_mode = ENGINE_MODE
             DOOR.hold("engine_routes", state)  # served while it lives
     return __init__
+
+
+def keep_the_name_generator(original):
+    """``DistModel.__init__`` / ``train`` / ``eval`` / ``predict``: each ends in
+    ``paddle.disable_static()``, which enters a fresh name generator, so the layers of a model
+    built after it are named as the first model's (``linear_0.w_0`` again).  Paddle's engines
+    keep parameters in one scope BY NAME: two such DistModels would share their parameters and
+    both train wrong, silently.  The generator of the caller is kept on instead, as if the call
+    had not switched modes (a script's own ``unique_name.guard`` is left as it is)."""
+    @functools.wraps(original)
+    def kept(*args, **kwargs):
+        from paddle.base import unique_name
+
+        before = unique_name.generator, unique_name.dygraph_parameter_name_checker
+        try:
+            return original(*args, **kwargs)
+        finally:
+            unique_name.switch(*before)
+    return kept
+
+
+def check_names_apart(state: EngineState) -> None:
+    """Refuse a model whose parameters have the names of a live pipesplit engine's (Paddle's
+    engines keep parameters in one scope by name): the two would share them and both train
+    wrong.  (A model built after ``to_static`` under the same name generator cannot meet
+    this: :func:`keep_the_name_generator`.)"""
+    for other in DOOR.holders("engine_routes"):
+        shared = sorted(state.parameter_names & other.parameter_names)
+        if shared and other is not state:
+            raise RuntimeError(
+                f"dist.to_static: this model's parameters {shared[:3]}"
+                f"{' ...' if len(shared) > 3 else ''} have the names of the parameters of a "
+                f"DistModel built earlier in this process (schedule {other.requested!r}, "
+                "still alive); Paddle's engines keep parameters in one scope by name, so both "
+                "models would train wrong.  Delete the earlier DistModel first (del it), or "
+                "build this model under its own names: with "
+                "paddle.utils.unique_name.guard('model2_'): ... (layers, optimizer and "
+                "dist.to_static)")
 
 
 def cpu_support_first(original):

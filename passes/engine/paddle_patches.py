@@ -63,6 +63,9 @@ PATCHES = (
     # the inner one), so it sees whether cpu_support skips DistModel's fleet.init
     Patch(_DIST_MODEL, "__init__", engine_hooks.cpu_support_first, "engine"),
     Patch(_DIST_MODEL, "__init__", engine_hooks.check_the_loader, "engine"),
+    # the names of the models built after a DistModel (see keep_the_name_generator)
+    *(Patch(_DIST_MODEL, name, engine_hooks.keep_the_name_generator, _ROUTES)
+      for name in ("__init__", "train", "eval", "predict")),
     # a CPU build's gaps in the engine
     Patch(_PROCESS_GROUP, "instantiate", _replace_with(cpu_hooks.instantiate_gloo), "cpu"),
     Patch("paddle.base.core", "reshard", cpu_hooks.reshard, "cpu"),

@@ -64,7 +64,7 @@ class ModePlan:
         return self.pipeline.comm_progress
 
 
-@dataclass
+@dataclass(eq=False)  # one per engine: equal to itself only (and hashable, for the door)
 class EngineState:
     """Everything pipesplit keeps for one engine (see the module docstring)."""
 
@@ -74,6 +74,7 @@ class EngineState:
     options: UserOptions
     measure_step: Optional[int]   # the training step measured for a re-plan (None: none)
     user_placements: dict         # the user's (mesh, placements) per distributed parameter
+    parameter_names: frozenset    # the names of the model's parameters (its scope variables)
     pipe: Optional[Pipe] = None   # this process's pipeline, from the stage meshes
     sharded_loader: bool = False  # the data come from a dist.shard_dataloader
     fed_meshes: Dict[str, object] = field(default_factory=dict)  # feed name -> its mesh

@@ -277,4 +277,5 @@ def open_engine_state(engine) -> EngineState:
     config, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
     return EngineState(requested=str(pipeline.schedule_mode), config=config, checked=checked,
                        options=options_of(pipeline), measure_step=measured_step(pipeline),
-                       user_placements=placements_of(engine._model))
+                       user_placements=placements_of(engine._model),
+                       parameter_names=frozenset(p.name for p in engine._model.parameters()))
