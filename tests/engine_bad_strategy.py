@@ -53,6 +53,7 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
     "pp_4_of_2": (_field("pp_degree", 4), ["--schedule", "ZBH1"], "model"),
     "seg_method": (_field("vpp_seg_method", "NoSuchBlock"), ["--schedule", "ZBV"], "model"),
     "enable_after_to_static": (None, ["--schedule", "ZBV"], "late"),
+    "enable_after_to_static_1f1b": (None, ["--schedule", "1F1B"], "late"),
     "one_mesh": (None, ["--schedule", "1F1B"], "one_mesh"),
     "one_mesh_zbv": (None, ["--schedule", "ZBV"], "one_mesh"),
     "gradient_merge": (lambda strategy, args: (setattr(strategy.gradient_merge, "enable", True),

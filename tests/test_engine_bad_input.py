@@ -23,6 +23,8 @@ EXPECTED = {
                   "class of the model",
     "enable_after_to_static": "ValueError: this engine was built before "
                               "pipesplit.passes.strategy.enable_strategy() was called",
+    "enable_after_to_static_1f1b": "ValueError: this engine was built before "
+                                   "pipesplit.passes.strategy.enable_strategy() was called",
     "one_mesh": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                 "placed on 1 stage mesh(es): [0] ['pp']",
     "gradient_merge": "ValueError: strategy.gradient_merge.k_steps=2 with "
