@@ -18,7 +18,7 @@ with vpp > 1 the warm-up also covers the largest group of the other chunks (``fi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from .ir import BACKWARD, FORWARD, Job, Slot
 from .placement import check_positive_int

@@ -9,12 +9,25 @@ V_SHAPE = "v"
 PLACEMENTS = (LOOPED, V_SHAPE)
 
 
+class SizeError(ValueError):
+    """A size (``pp``, ``vpp``, ``m`` ...) a schedule or layout cannot take.  ``field`` names
+    it, so a caller says it in its own words (:meth:`said_as`: ``strategy.pipeline.vpp_degree
+    must be even ...``) without rewriting the message."""
+
+    def __init__(self, field: str, constraint: str, got):
+        self.field, self.constraint, self.got = field, constraint, got
+        super().__init__(self.said_as(field))
+
+    def said_as(self, field: str) -> str:
+        return f"{field} {self.constraint}, got {self.got}"
+
+
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    """Shared argument check: ``TypeError`` for non-ints, ``ValueError`` below ``minimum``."""
+    """Shared argument check: ``TypeError`` for non-ints, :class:`SizeError` below ``minimum``."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise SizeError(name, f"must be >= {minimum}", value)
     return value
 
 

@@ -29,7 +29,7 @@ from .classic import looped_orders
 from .costs import Costs
 from .greedy import GreedyPolicy, greedy_orders
 from .ir import BACKWARD_B, BACKWARD_W, FORWARD, Job, Slot
-from .placement import LOOPED, V_SHAPE
+from .placement import LOOPED, V_SHAPE, SizeError
 from .registry import register_schedule
 from .search_context import SearchContext
 
@@ -48,9 +48,9 @@ def _w(slot: Slot) -> Job:
 
 def require_vpp(name: str, vpp: int, *, exactly: int = None, even: bool = False) -> None:
     if exactly is not None and vpp != exactly:
-        raise ValueError(f"vpp must be {exactly} for {name}, got {vpp}")
+        raise SizeError("vpp", f"must be {exactly} for {name}", vpp)
     if even and vpp % 2:
-        raise ValueError(f"vpp must be even for {name} (V placement pairs the chunks), got {vpp}")
+        raise SizeError("vpp", f"must be even for {name} (V placement pairs the chunks)", vpp)
 
 
 # --------------------------------------------------------------------------- shared phases

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
 
 from pipesplit.job_list.placement import check_positive_int
@@ -35,7 +35,6 @@ class PipelineConfig:
     grad_accumulation: str = "avg"
     costs: Optional[Costs] = None
     memory_limit: Optional[float] = None
-    schedule_options: dict = field(default_factory=dict)
 
     @property
     def num_stages(self) -> int:

@@ -71,7 +71,8 @@ def test_bad_strategy_values_are_named(enabled):
     built = build_gpt(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
     with pytest.raises(ValueError, match="schedule"):
         pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("NoSuchSchedule"))
-    with pytest.raises(ValueError, match="num_micro_batches"):
+    with pytest.raises(ValueError, match=r"^strategy.pipeline.accumulate_steps must be >= 1, "
+                                         r"got 0$"):
         pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV", m=0))
 
 

@@ -9,13 +9,21 @@ from typing import Optional
 
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe, pipe_of
+from pipesplit.job_list.placement import SizeError
 
 from pipesplit.passes.config import PipelineConfig
 from pipesplit.passes.engine.state import (DEFAULT_MEASURE, EngineState, options_of, set_options,
                            state_of)
 from pipesplit.passes.measure.replan import MEASURED_STEP
 
-_FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps"}
+#: a size as the schedules and the pass name it -> its field of ``strategy.pipeline``
+_FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps",
+          "vpp_degree": "vpp_degree", "pp_degree": "pp_degree",
+          "num_micro_batches": "accumulate_steps"}
+
+
+def _said_in_strategy_terms(error: SizeError) -> str:
+    return error.said_as(f"strategy.pipeline.{_FIELD.get(error.field, error.field)}")
 
 
 def record_pipe(dist_program, pipeline_strategy) -> Pipe:
@@ -229,10 +237,10 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto",
                  or sized_costs(pipeline_strategy, blocks))
     try:
         return PipelineConfig.from_attrs(requested_schedule(pipeline_strategy), attrs)
+    except SizeError as e:
+        raise ValueError(_said_in_strategy_terms(e)) from None
     except ValueError as e:
-        raise ValueError(f"strategy.pipeline: {e}".replace("pass attr ", "")
-                         .replace("num_micro_batches", "accumulate_steps (num_micro_batches)")
-                         ) from None
+        raise ValueError(f"strategy.pipeline: {e}") from None
 
 
 def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> PipelineConfig:
@@ -251,11 +259,9 @@ def checked_request(pipeline_strategy, blocks: Optional[list] = None):
     try:
         return config, build_for(config)
     except ValueError as e:
-        msg = str(e)
-        for field in ("vpp", "pp", "m"):
-            msg = msg.replace(f"{field} must", f"strategy.pipeline.{_FIELD[field]} must", 1)
+        said = _said_in_strategy_terms(e) if isinstance(e, SizeError) else str(e)
         raise ValueError(f"strategy.pipeline.schedule_mode={config.schedule!r} cannot serve "
-                         f"this strategy: {msg}") from None
+                         f"this strategy: {said}") from None
 
 
 def open_engine_state(engine) -> EngineState:
