@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import FrozenSet, List, Optional, Tuple
 
 from pipesplit.job_list import Schedule, build_schedule, get_spec
-from pipesplit.job_list.latency import simulate_latency
-from pipesplit.job_list.lower import RankJob, lower_with_order
+from pipesplit.job_list.opening import OpenedSchedule
+from pipesplit.job_list.opening import open_schedule as open_job_list_schedule
 from pipesplit.job_list.auto import AUTO_NAMES, split_stages_of
 from pipesplit.job_list.registry import accepted_options
 from pipesplit.job_list.simulate import SimResult, simulate
@@ -93,36 +93,19 @@ def matches_request(schedule: Schedule, config: PipelineConfig) -> bool:
             and schedule.options == _generator_options(config) and not schedule.lowered)
 
 
-@dataclass(frozen=True)
-class OpenedSchedule:
-    """A plan's schedule, opened once by :func:`open_schedule` for every builder."""
-
-    schedule: Schedule      # compute-only (forward-only for a program without backward)
-    lowered: Schedule       # with send / recv jobs, validated
-    order: List[RankJob]    # one sequential execution of every rank's lowered jobs
-    timing: SimResult       # the latency model's times of ``schedule`` (steered the lowering)
-
-
 def open_schedule(config: PipelineConfig, main_program,
                   built: Optional[Schedule] = None) -> OpenedSchedule:
     """The one place every builder opens a plan's schedule: built once (the ``auto`` search
     too; ``built``, what :func:`build_for` gave a check of the same config, is taken as it
-    is), validated once; a program without a backward (evaluation, prediction) gets the
-    schedule's forward order (``Schedule.forward_only``); simulated and lowered once, the
-    lowering validated before anything runs."""
+    is), then opened by :func:`pipesplit.job_list.opening.open_schedule` (validated, forward
+    only for a program without backward, simulated and lowered once)."""
     if built is not None and not matches_request(built, config):
         raise ValueError(f"the schedule given ({built.name}, pp={built.pp}, vpp={built.vpp}, "
                          f"m={built.m}) was not built for this config ({config.schedule}, "
                          f"pp={config.pp_degree}, vpp={config.vpp_degree}, "
                          f"m={config.num_micro_batches})")
-    schedule = built if built is not None else build_for(config)
-    validate(schedule)
-    if not has_backward(main_program):
-        schedule = schedule.forward_only()
-    timing = simulate_latency(schedule, config.costs)
-    lowered, order = lower_with_order(schedule, config.costs, timing=timing)
-    validate(lowered)
-    return OpenedSchedule(schedule, lowered, order, timing)
+    return open_job_list_schedule(built if built is not None else build_for(config),
+                                  config.costs, forward_only=not has_backward(main_program))
 
 
 def split_chunks_of(config: PipelineConfig, num_chunks: int,

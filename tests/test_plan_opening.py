@@ -1,4 +1,4 @@
-"""One plan opening (``passes.core.open_schedule``): a plan's schedule is built once (the
+"""One plan opening (``passes.core.open_schedule``, its schedule side ``job_list.opening``): a plan's schedule is built once (the
 ``auto`` search too), lowered once and simulated once, whoever opens it: the demo, the pass,
 and the engine hook, whose strategy check builds the schedule the pass then takes."""
 import collections
@@ -32,7 +32,7 @@ def calls(monkeypatch):
         monkeypatch.setattr(importlib.import_module(name), "build_schedule", build)
     monkeypatch.setattr(lower, "_lower", counting("lower", lower._lower))
     for name in ("pipesplit.job_list.lower", "pipesplit.job_list.simulate",
-                 "pipesplit.passes.core"):
+                 "pipesplit.job_list.opening"):
         monkeypatch.setattr(importlib.import_module(name), "simulate_latency", simulate)
     return counts
 
