@@ -1,5 +1,11 @@
-"""Fixtures shared by several test files."""
+"""Fixtures shared by several test files; the helper modules (``tests/helpers``) importable
+from every room."""
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 
 @pytest.fixture

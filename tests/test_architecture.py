@@ -7,8 +7,9 @@ import os
 import re
 
 import pytest
+from _paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 PACKAGES = ("job_list", "ir_utils", "passes", "tools")
 #: packages each package must not import
 FORBIDDEN = {"job_list": ("passes", "ir_utils", "tools"), "ir_utils": ("passes", "tools"),
@@ -311,7 +312,7 @@ def test_no_module_level_state_in_passes():
 # --------------------------------------------------------------------------- tests
 
 def test_no_test_module_imports_another():
-    """Shared test code lives in helper modules (``tests/_*.py``), never in a test module."""
+    """Shared test code lives in helper modules (``tests/helpers``), never in a test module."""
     tests = os.path.join(ROOT, "tests")
     test_modules = {name[:-3] for name in os.listdir(tests)
                     if name.startswith("test_") and name.endswith(".py")}

@@ -1,0 +1,125 @@
+"""The strategy hook: Paddle's auto-parallel ``pipeline_pass`` routed to pipesplit."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import paddle
+from paddle.distributed.auto_parallel.static import engine, pir_pass
+
+from pipesplit.ir_utils import PlanRunner, build_gpt, init_scope, read_params, run_unsplit_baseline
+from pipesplit.passes import strategy as ps_strategy
+from pipesplit.passes import registration
+from pipesplit.passes.engine.state import HANDLE
+
+from _strategies import M, PP, VPP, pipeline_section as _pipeline_strategy
+from _paths import DATA
+
+STEPS = 2
+
+
+@pytest.fixture
+def enabled():
+    ps_strategy.enable_strategy()
+    yield
+    ps_strategy.disable_strategy()
+
+
+def test_paddle_rejects_pipesplit_names_without_the_hook():
+    assert not ps_strategy.is_strategy_enabled()
+    built = build_gpt(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
+    with pytest.raises(AssertionError, match="FThenB, 1F1B and VPP"):
+        pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV"))
+
+
+@pytest.mark.parametrize("mode,vpp,split_backward", [("ZBV", 2, False), ("ZBH1", 1, False),
+                                                     ("DualPipeV", 2, False), ("VPP", 2, True)])
+def test_engine_entry_point_trains_like_unsplit(enabled, mode, vpp, split_backward):
+    # the exact names the engine calls: engine.pipeline_pass (imported) and pir_pass's, both
+    # routed to pipesplit's pass
+    for name in (engine.pipeline_pass, pir_pass.pipeline_pass):
+        assert name.__qualname__ == "route_the_pipeline_pass.<locals>.routed"
+    built = build_gpt(num_stages=PP * vpp, hidden=16, batch_size=2 * M, seed=3)
+    plan = engine.pipeline_pass([built.main], [built.main],
+                                _pipeline_strategy(mode, vpp=vpp, split_backward=split_backward))
+    assert isinstance(plan, paddle.base.core.Plan)
+    pipeline = ps_strategy.last_pipeline()
+    assert pipeline.plan is plan and pipeline.schedule.name == \
+        ps_strategy.config_from_strategy(_pipeline_strategy(mode, vpp=vpp)).schedule
+    scope = init_scope(built, pipeline.split)
+    runner = PlanRunner(plan, scope)
+    losses = np.array([runner.step(built.make_batch(s)) for s in range(STEPS)], np.float64)
+    ref_losses, ref_params = run_unsplit_baseline(built, STEPS, M)
+    assert np.max(np.abs(losses - np.array(ref_losses))) <= 1e-6
+    params = read_params(scope, built.param_names)
+    assert max(float(np.max(np.abs(params[n] - ref_params[n]))) for n in ref_params) <= 1e-6
+
+
+def test_disable_restores_paddle():
+    original = pir_pass.pipeline_pass
+    was = registration.is_enabled()
+    ps_strategy.enable_strategy()
+    assert registration.is_enabled()
+    ps_strategy.disable_strategy()
+    assert pir_pass.pipeline_pass is original and engine.pipeline_pass is original
+    assert registration.is_enabled() == was
+    assert not ps_strategy.is_strategy_enabled()
+
+
+def test_bad_strategy_values_are_named(enabled):
+    built = build_gpt(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
+    with pytest.raises(ValueError, match="schedule"):
+        pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("NoSuchSchedule"))
+    with pytest.raises(ValueError, match=r"^strategy.pipeline.accumulate_steps must be >= 1, "
+                                         r"got 0$"):
+        pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV", m=0))
+
+
+def test_engine_strategy_errors_name_the_field():
+    # what the engine hook raises when the engine is built (Engine.__init__)
+    with pytest.raises(ValueError) as e:
+        ps_strategy.check_strategy(_pipeline_strategy("ZBV", vpp=1))
+    assert str(e.value) == ("strategy.pipeline.schedule_mode='ZBV' cannot serve this strategy: "
+                            "strategy.pipeline.vpp_degree must be 2 for ZBV, got 1")
+    with pytest.raises(ValueError, match=r"^strategy.pipeline: unknown schedule 'NoSuch'"):
+        ps_strategy.check_strategy(_pipeline_strategy("NoSuch"))
+    assert ps_strategy.check_strategy(_pipeline_strategy("zb-v", vpp=2)).schedule == "ZBV"
+
+
+COST_FILE = DATA / "profiled_mlp_pp2_vpp1.json"
+
+
+def test_a_cost_file_given_to_the_strategy_steers_auto(enabled):
+    """``use_costs(strategy, FILE)``: the engine's schedule is searched with the measured costs
+    (the strategy check and the pass), not the defaults."""
+    from pipesplit.job_list import Costs
+
+    strategy = paddle.distributed.Strategy()
+    for field, value in (("enable", True), ("schedule_mode", "auto"), ("pp_degree", 2),
+                         ("vpp_degree", 1), ("accumulate_steps", 4)):
+        setattr(strategy.pipeline, field, value)
+    ps_strategy.use_costs(strategy, str(COST_FILE))
+    measured = Costs.load(str(COST_FILE))
+    assert ps_strategy.check_strategy(strategy.pipeline).costs == measured
+    built = build_gpt(num_stages=2, hidden=16, batch_size=8, seed=3)
+    ps_strategy.pipeline_pass([built.main], [built.main], strategy.pipeline)
+    pipeline = ps_strategy.last_pipeline()
+    assert pipeline.config.costs == measured and pipeline.schedule.options["costs"] == measured
+    default = ps_strategy.config_from_strategy(_pipeline_strategy("auto", vpp=1, m=4))
+    assert default.costs is None
+
+
+@pytest.mark.parametrize("costs,error,message", [
+    (3, TypeError, "costs must be a Costs, a dict or the path of a cost file, got int"),
+    ("no/such/costs.json", ValueError, "costs: no cost file 'no/such/costs.json'"),
+    ({"forward": 1}, ValueError, "costs lack"),
+])
+def test_bad_costs_for_the_strategy_are_refused(costs, error, message):
+    strategy = paddle.distributed.Strategy()
+    with pytest.raises(error, match=message):
+        ps_strategy.use_costs(strategy, costs)
+    assert not hasattr(strategy.pipeline, HANDLE)
+    with pytest.raises(TypeError, match="strategy must be a paddle.distributed.Strategy"):
+        ps_strategy.use_costs(object(), str(COST_FILE))

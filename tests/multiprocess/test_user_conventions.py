@@ -1,0 +1,117 @@
+"""Scripts written the way Paddle's own auto-parallel tests and docs write them, through the
+engine with pipesplit's schedules, each rank against a one-process reference.
+
+The script is ``tests/workers/engine_user_conventions.py`` (each convention named in a comment there):
+no ``dist.init_parallel_env()`` and no ``fleet.init`` in it; ``BatchSampler(batch_size=micro)``
+with ``_acc_steps = accumulate_steps`` under ``dist.shard_dataloader(meshes=[first, last],
+shard_dims="dp")``, or a plain ``DataLoader(batch_size=micro * acc)``; a separate criterion
+layer; ``LinearWarmup`` stepped by hand; the loss read as ``np.average(loss)``; stage meshes cut
+from one global mesh (and the 1-D ones Paddle's test makes by dropping size-1 dims);
+``pp_degree`` left at 1; ``gradient_merge.enable`` beside the pipeline; ``train()`` / ``eval()``
+before the first step and between steps; layers the virtual stages do not divide.  One launch per process count (and one of two
+launchers joined as two nodes)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from _launch import launch, launch_nodes
+
+from _paths import REPO as ROOT, WORKERS  # noqa: E402
+SCRIPT = WORKERS / "engine_user_conventions.py"
+TOL = 1e-5
+
+#: 2 processes (pp 2): every schedule the issue names, each convention in at least one
+TWO_PROCESSES = [
+    {"tag": "1F1B", "schedule": "1F1B"},
+    {"tag": "ZBH1_filtered_modes", "schedule": "ZBH1", "filtered_mesh": True,
+     "toggle_modes": True},
+    {"tag": "ZBV_pp_unset", "schedule": "ZBV", "vpp": 2, "pp_degree_unset": True},
+    {"tag": "VPP_gradient_merge", "schedule": "VPP", "vpp": 2, "gradient_merge": "acc"},
+    {"tag": "auto_plain", "schedule": "auto", "loader": "plain"},
+    {"tag": "1F1B_plain_filtered_merge_pp_unset", "schedule": "1F1B", "loader": "plain",
+     "filtered_mesh": True, "gradient_merge": "default", "pp_degree_unset": True},
+    {"tag": "ZBV_plain_modes", "schedule": "ZBV", "vpp": 2, "loader": "plain",
+     "toggle_modes": True},
+    # layers the virtual stages do not divide (Paddle's VPP test: 7 on pp 2, vpp 2): each stage
+    # keeps the layers placed on its mesh, dealt one by one to its chunks
+    {"tag": "VPP_7_layers", "schedule": "VPP", "vpp": 2, "layers": 7, "layers_per_stage": [4, 3]},
+    {"tag": "ZBV_7_layers", "schedule": "ZBV", "vpp": 2, "layers": 7, "layers_per_stage": [3, 4]},
+    {"tag": "DualPipeV_7_layers", "schedule": "DualPipeV", "vpp": 2, "layers": 7,
+     "layers_per_stage": [2, 5]},
+    {"tag": "autoV_7_layers", "schedule": "autoV", "vpp": 2, "layers": 7,
+     "layers_per_stage": [4, 3]},
+    {"tag": "ZBH1_5_layers", "schedule": "ZBH1", "layers": 5, "layers_per_stage": [2, 3]},
+]
+
+#: 4 processes: dp2 x pp2 and mp2 x pp2
+FOUR_PROCESSES = [
+    {"tag": "dp2pp2_ZBV", "schedule": "ZBV", "vpp": 2, "dp": 2},
+    {"tag": "mp2pp2_ZBV", "schedule": "ZBV", "vpp": 2, "mp": 2},
+    {"tag": "dp2pp2_1F1B_filtered_pp_unset", "schedule": "1F1B", "dp": 2,
+     "filtered_mesh": True, "pp_degree_unset": True},
+    # sequence parallel cannot run on a CPU build: refused on every rank before anything runs
+    {"tag": "mp2pp2_ZBV_sequence_parallel", "schedule": "ZBV", "vpp": 2, "mp": 2,
+     "sequence_parallel": True,
+     "expect_error": "ValueError: sequence parallel (a dist.reshard of a partial value to a "
+                     "shard over mesh dim 'mp': a reduce-scatter"},
+]
+
+#: two launchers on this machine as two nodes of 2 processes each
+TWO_NODES = [{"tag": "nodes_dp2pp2_ZBV", "schedule": "ZBV", "vpp": 2, "dp": 2}]
+
+
+def _run(tmp_path: Path, configs, nproc: int = 2, nodes: int = 1) -> dict:
+    """Launch the script on ``configs``; {tag: [each rank's record]}."""
+    (tmp_path / "configs.json").write_text(json.dumps(configs))
+    out = tmp_path / "out"
+    args = (tmp_path / "configs.json", out)
+    done = launch_nodes(tmp_path, SCRIPT, *args, nodes=nodes, nproc=nproc) if nodes > 1 \
+        else launch(tmp_path, SCRIPT, *args, nproc=nproc)
+    assert done.returncode == 0, done.report()
+    return {c["tag"]: [json.loads(p.read_text()) for p in sorted((out / c["tag"]).glob("*.json"))]
+            for c in configs}
+
+
+def _check(results: dict, world: int) -> None:
+    for tag, ranks in results.items():
+        assert len(ranks) == world, f"{tag}: {len(ranks)} of {world} ranks wrote a result"
+        expected = ranks[0]["config"]["expect_error"]
+        if expected:
+            for r in ranks:
+                assert (r["error"] or "").startswith(expected), (tag, r["rank"], r["error"])
+            continue
+        holders = [r for r in ranks if r["max_loss_diff"] is not None]
+        assert holders, f"{tag}: no rank returned a loss"
+        for r in ranks:
+            where = f"{tag} rank {r['rank']}"
+            assert r["params_compared"] > 0, where
+            layers = r["config"]["layers_per_stage"]
+            if layers:  # each stage mesh kept the layers the user placed on it
+                assert r["layers_held"] == layers[r["stage"]], where
+            assert r["max_param_diff"] <= TOL, f"{where}: parameters {r['max_param_diff']}"
+            if r["max_loss_diff"] is not None:
+                assert len([s for s in r["losses"] if s is not None]) == r["config"]["steps"]
+                assert r["max_loss_diff"] <= TOL, f"{where}: losses {r['losses']} vs " \
+                                                  f"{r['reference_losses']}"
+            if r["config"]["toggle_modes"] and r["eval_losses"] and r["eval_losses"][0] is not None:
+                assert r["max_eval_diff"] <= TOL, f"{where}: eval {r['eval_losses']}"
+        if ranks[0]["config"]["toggle_modes"]:
+            assert any(r["eval_losses"] and r["eval_losses"][0] is not None for r in ranks), tag
+
+
+@pytest.mark.slow
+def test_paddle_conventions_train_equal_to_the_reference_on_2_processes(tmp_path):
+    _check(_run(tmp_path, TWO_PROCESSES), world=2)
+
+
+@pytest.mark.slow
+def test_paddle_conventions_on_dp_and_mp_meshes_of_4_processes(tmp_path):
+    _check(_run(tmp_path, FOUR_PROCESSES, nproc=4), world=4)
+
+
+@pytest.mark.slow
+def test_two_launchers_joined_as_two_nodes(tmp_path):
+    _check(_run(tmp_path, TWO_NODES, nproc=2, nodes=2), world=4)
