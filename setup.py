@@ -36,7 +36,7 @@ setup(
     python_requires=">=3.9",
     packages=["pipesplit", "pipesplit.job_list", "pipesplit.ir_utils", "pipesplit.passes",
               "pipesplit.passes.engine", "pipesplit.passes.measure", "pipesplit.passes.transport",
-              "pipesplit.tools"],
+              "pipesplit.tools", "pipesplit.tools.bench"],
     package_dir={
         "pipesplit": "pipesplit",
         "pipesplit.job_list": "job_list",
@@ -47,8 +47,8 @@ setup(
     package_data={
         "pipesplit": ["py.typed"],  # PEP 561: the package and its sub-packages carry types
         "pipesplit.job_list": ["golden/*"],
-        # reference orders of PyTorch 2.13 / Paddle 3.3.1 for tools/bench_frameworks.py
-        "pipesplit.tools": ["reference_orders/*.md", "reference_orders/*/*"],
+        # reference orders of PyTorch 2.13 / Paddle 3.3.1 for tools/bench/bench_frameworks.py
+        "pipesplit.tools.bench": ["reference_orders/*.md", "reference_orders/*/*"],
     },
     install_requires=["numpy"],
     extras_require={

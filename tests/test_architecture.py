@@ -153,7 +153,7 @@ _KIND_VALUE = re.compile(r"(^|\.)kind$")
 JOB_TYPE_ALLOWED = {
     # Paddle's own job types, fed to Paddle's VScheduleCreator by a script that runs with
     # paddlepaddle alone (pipesplit need not be installed)
-    "tools/reference_orders/dump_paddle_orders.py",
+    "tools/bench/reference_orders/dump_paddle_orders.py",
 }
 
 

@@ -1,4 +1,4 @@
-"""tools/bench_engine.py end to end on the GPT example's tiny sizes (two real processes, gloo).
+"""tools/bench/bench_engine.py end to end on the GPT example's tiny sizes (two real processes, gloo).
 
 Timing is the benchmark's business, not a test's: this checks what does not depend on the
 machine's load -- the rows' fields, both impls of 1F1B, positive times and memory, and that
@@ -15,7 +15,7 @@ import pytest
 from _paths import REPO as _REPO
 
 REPO = str(_REPO)
-TOOL = os.path.join(REPO, "tools", "bench_engine.py")
+TOOL = os.path.join(REPO, "tools", "bench", "bench_engine.py")
 ARGS = ["--quick", "--steps", "2", "--warmup", "3", "--schedules", "1F1B,ZBV,auto"]
 FIELDS = ("schedule", "impl", "step_ms", "step_ms_spread", "peak_bytes", "pass_ms",
           "max_loss_diff")

@@ -1,4 +1,4 @@
-"""tools/bench_multirank.py end to end on a small GPT (two real processes, gloo).
+"""tools/bench/bench_multirank.py end to end on a small GPT (two real processes, gloo).
 
 Timing is the benchmark's business, not a test's: this checks what does not depend on the
 machine's load -- the JSON's structure, that every schedule trained the same as an unsplit run
@@ -18,7 +18,7 @@ import pytest
 from _paths import REPO as _REPO
 
 REPO = str(_REPO)
-TOOL = os.path.join(REPO, "tools", "bench_multirank.py")
+TOOL = os.path.join(REPO, "tools", "bench", "bench_multirank.py")
 ARGS = ["--hidden", "64", "--seq-len", "8", "--micro-batch-size", "2", "--layers", "4",
         "-m", "4", "--steps", "2", "--warmup", "1", "--repeats", "1"]
 NAMES = ["FThenB", "1F1B", "ZBH1", "ZBH2", "VPP", "ZBV", "DualPipeV"]
@@ -60,7 +60,7 @@ def test_rows_structure(report):
 def test_losses_match_unsplit_run(report):
     """Every schedule's per-micro-batch losses over all steps = an unsplit run of the model."""
     from pipesplit.ir_utils import run_unsplit_baseline
-    from pipesplit.tools.bench_multirank import build, make_parser
+    from pipesplit.tools.bench.bench_multirank import build, make_parser
 
     args = make_parser().parse_args(ARGS)
     steps = args.warmup + args.steps
@@ -82,7 +82,7 @@ def test_simulated_times_are_the_simulators(report):
     from pipesplit.job_list import Costs
     from pipesplit.passes.config import PipelineConfig
     from pipesplit.passes.core import make_schedule
-    from pipesplit.tools.bench_multirank import simulated_step
+    from pipesplit.tools.bench.bench_multirank import simulated_step
 
     schedules = []
     assert report["comm_mode"] == "rendezvous"  # gloo transfers block both ranks

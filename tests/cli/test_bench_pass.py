@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m pipesplit.tools.bench_pass --quick``: runs, writes the keys, numbers
+"""Smoke test of ``python -m pipesplit.tools.bench.bench_pass --quick``: runs, writes the keys, numbers
 are finite.  (Timings themselves are not checked: 2 shared cores make them noisy.)"""
 import json
 import math
@@ -12,7 +12,7 @@ def _finite(x):
 
 def test_bench_pass_quick(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "pipesplit.tools.bench_pass", "--quick",
+    proc = subprocess.run([sys.executable, "-m", "pipesplit.tools.bench.bench_pass", "--quick",
                            "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(a) pass time" in proc.stdout and "(c) one training step" in proc.stdout

@@ -298,7 +298,7 @@ def test_python_dash_m_and_no_paddle_import(tmp_path):
 
 
 def test_bench_schedules_small_grid(tmp_path, capsys):
-    from pipesplit.tools import bench_schedules
+    from pipesplit.tools.bench import bench_schedules
 
     path = tmp_path / "bench.json"
     rc = bench_schedules.main(["--pp", "2", "--vpp", "1,2", "--json", str(path)])
@@ -320,7 +320,7 @@ def test_bench_schedules_small_grid(tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_schedules_full_grid(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "pipesplit.tools.bench_schedules", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "pipesplit.tools.bench.bench_schedules", "--json", str(out)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "wins:" in proc.stdout

@@ -1,4 +1,4 @@
-"""tools/machine_noise.py: the noise floor table (a real run, short phases)."""
+"""tools/bench/machine_noise.py: the noise floor table (a real run, short phases)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import sys
 from _paths import REPO as _REPO
 
 REPO = str(_REPO)
-TOOL = os.path.join(REPO, "tools", "machine_noise.py")
+TOOL = os.path.join(REPO, "tools", "bench", "machine_noise.py")
 
 
 def test_prints_both_phases_and_writes_them(tmp_path):

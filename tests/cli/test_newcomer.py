@@ -128,7 +128,7 @@ def test_progress_lines_only_on_a_terminal_and_not_when_quiet():
 
 
 def test_bench_schedules_progress_goes_to_its_progress_object():
-    from pipesplit.tools.bench_schedules import run
+    from pipesplit.tools.bench.bench_schedules import run
 
     terminal = _Terminal()
     rows = run(["1F1B"], pps=[2], vpps=[1], jobs=1,
@@ -139,7 +139,7 @@ def test_bench_schedules_progress_goes_to_its_progress_object():
 
 
 def test_bench_pass_names_missed_targets():
-    from pipesplit.tools.bench_pass import target_status
+    from pipesplit.tools.bench.bench_pass import target_status
 
     assert target_status(0.6, 0.5) == "target <= 0.5: MISSED"
     assert target_status(0.5, 0.5) == "target <= 0.5: met"

@@ -124,7 +124,7 @@ def test_layout_search_fits_limit():
 
 def test_bench_counts_no_fit_apart():
     import io
-    from pipesplit.tools.bench_auto import run
+    from pipesplit.tools.bench.bench_auto import run
     summary = run([2], [2], [LOOPED], out=io.StringIO())
     for counts in summary.values():
         # m = 3 (pp + 1): no fixed looped schedule fits 1F1B's memory at vpp = 2

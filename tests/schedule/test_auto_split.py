@@ -16,7 +16,7 @@ from pipesplit.job_list.placement import LOOPED, V_SHAPE
 from pipesplit.job_list.registry import get_spec, split_backward_jobs
 from pipesplit.job_list.simulate import Costs, simulate
 from pipesplit.job_list.validate import validate
-from pipesplit.tools.bench_frameworks import COST_MODELS
+from pipesplit.tools.bench.bench_frameworks import COST_MODELS
 from _paths import DATA as _DATA
 
 DATA = str(_DATA)
@@ -126,7 +126,7 @@ def test_unsplit_stage_searched_as_b():
 
 def test_bench_split_grid_finds_no_loss():
     import io
-    from pipesplit.tools.bench_auto import run_split_grid
+    from pipesplit.tools.bench.bench_auto import run_split_grid
     out = io.StringIO()
     summary = run_split_grid(DATA, out=out)
     assert summary["rows"] >= 80 and summary["slower"] == 0

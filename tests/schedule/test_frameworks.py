@@ -1,11 +1,11 @@
 """pipesplit's best schedule is never slower than PyTorch's / Paddle's best, within their peak.
 
-Uses the committed reference orders in tools/reference_orders/ (no torch needed)."""
+Uses the committed reference orders in tools/bench/reference_orders/ (no torch needed)."""
 import os
 
 import pytest
 
-from pipesplit.tools import bench_frameworks as bf
+from pipesplit.tools.bench import bench_frameworks as bf
 
 
 def test_reference_orders_present():

@@ -1,6 +1,6 @@
 """Real wall time of two pipeline ranks (two processes, one core each) against the simulator.
 
-    python tools/bench_multirank.py [--json PATH] [--hidden 256] [--seq-len 64]
+    python tools/bench/bench_multirank.py [--json PATH] [--hidden 256] [--seq-len 64]
         [--micro-batch-size 4] [--layers 4] [-m 8] [--steps 7] [--warmup 2]
 
 The parent launches ``python -m paddle.distributed.launch --nproc_per_node 2`` on this file
@@ -83,7 +83,7 @@ PROFILE_M = 1
 
 
 def make_parser():
-    p = argparse.ArgumentParser(prog="tools/bench_multirank.py",
+    p = argparse.ArgumentParser(prog="tools/bench/bench_multirank.py",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--json", metavar="PATH", help="write the rows (schedule, measured_ms, "
                    "simulated_ms, ...) and the fit here")
@@ -485,7 +485,7 @@ def launch_workers(script: str, argv: Sequence[str], log_dir: Optional[str],
                    timeout: float) -> dict:
     """Run ``script --worker --result FILE argv`` on :data:`PP` processes under
     paddle.distributed.launch, one thread each; rank 0's result (the JSON it writes to FILE).
-    The benchmarks of two processes (this one, ``tools/bench_engine.py``) share it."""
+    The benchmarks of two processes (this one, ``tools/bench/bench_engine.py``) share it."""
     name = os.path.splitext(os.path.basename(script))[0]
     with tempfile.TemporaryDirectory(prefix=f"pipesplit-{name}-") as tmp:
         log_dir = log_dir or os.path.join(tmp, "logs")

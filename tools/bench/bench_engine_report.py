@@ -1,4 +1,4 @@
-"""The report of ``tools/bench_engine.py``: loss differences, the issue's goals, the table and
+"""The report of ``tools/bench/bench_engine.py``: loss differences, the issue's goals, the table and
 the figures that explain a miss (simulated beside measured, and each schedule's own job times
 read back from Paddle's profiler)."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Wall-clock benchmark of pipesplit's pass and of one training step through its plan.
 
-    python -m pipesplit.tools.bench_pass [--json PATH] [--quick] [--reps N]
+    python -m pipesplit.tools.bench.bench_pass [--json PATH] [--quick] [--reps N]
 
 (a) Pass time on the SAME program: a 32-layer MLP (4 chunks of 8 layers, chunk id = global
     virtual stage 0..3, Adam, hidden 16), single rank: pp_degree=1, vpp_degree=4,

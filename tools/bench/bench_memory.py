@@ -1,6 +1,6 @@
 """Measured peak memory and step time of every schedule beside the simulator's figures.
 
-    python -m pipesplit.tools.bench_memory [--model mlp --hidden 256 --layers-per-stage 4
+    python -m pipesplit.tools.bench.bench_memory [--model mlp --hidden 256 --layers-per-stage 4
         --micro-batch-size 512] [--pp 4 --vpp 1 -m 8] [--schedules FThenB,1F1B,...]
         [--repeats 3] [--json PATH]
 

@@ -1,10 +1,10 @@
 """How steady this machine's CPUs are: the noise floor under every measured step time.
 
-    python tools/machine_noise.py [--seconds 10] [--json PATH]
+    python tools/bench/machine_noise.py [--seconds 10] [--json PATH]
 
 A fixed unit of work (single-threaded float32 matmuls, about 30 ms) runs back to back for
 ``--seconds``, first in one process alone, then in one process per CPU at once (as the
-benchmarks' ranks run: ``tools/bench_multirank.py``, ``tools/bench_engine.py``).  Printed per
+benchmarks' ranks run: ``tools/bench/bench_multirank.py``, ``tools/bench/bench_engine.py``).  Printed per
 phase: the unit's median, interquartile range (also as a share of the median), fastest and
 slowest, and the CPU time the hypervisor took (``steal`` in ``/proc/stat``).  Two schedules
 whose steps differ by less than the IQR share cannot be ranked from a handful of steps; the
@@ -66,7 +66,7 @@ def phase(processes: int, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="tools/machine_noise.py",
+    p = argparse.ArgumentParser(prog="tools/bench/machine_noise.py",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=10.0, help="per phase")
     p.add_argument("--json", metavar="PATH")

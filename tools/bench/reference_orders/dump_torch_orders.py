@@ -2,7 +2,7 @@
 
 Run with a Python that has torch (CPU wheel is enough; no process group, no GPU)::
 
-    python tools/reference_orders/dump_torch_orders.py [OUT_DIR]
+    python tools/bench/reference_orders/dump_torch_orders.py [OUT_DIR]
 
 Each schedule class of ``torch.distributed.pipelining.schedules`` is instantiated with stub
 stage objects (only ``group_size`` / ``group_rank`` / ``stage_index`` / ``num_stages`` /

@@ -1,6 +1,6 @@
 """Benchmark the ``auto`` / ``autoV`` search against the best fixed schedule.
 
-    python -m pipesplit.tools.bench_auto [--pp 2,4,8] [--vpp 1,2,4] [--placement looped|v|both]
+    python -m pipesplit.tools.bench.bench_auto [--pp 2,4,8] [--vpp 1,2,4] [--placement looped|v|both]
 
 For each cost model (c = 0.1 with (tF,tI,tW) = (1,1,1); and unequal costs (1,1.5,0.5), c = 0) and
 each grid point pp x vpp x m (m in pp, pp+1, 2pp, 2pp+2, 4pp) it prints the best fixed schedule
@@ -9,7 +9,7 @@ of the same placement whose simulated peak fits the memory limit (default: 1F1B'
 schedule meets it, no schedule can beat it), its peak and source, and the search time.
 Configurations where no fixed schedule fits the limit are counted apart, not as wins.
 
-    python -m pipesplit.tools.bench_auto --split-grid
+    python -m pipesplit.tools.bench.bench_auto --split-grid
 
 instead compares ``auto`` / ``autoV`` with every registered schedule of the placement, split and
 unsplit (``name/B``), for the profiled cost files under ``tests/data`` (``pipesplit profile``;
@@ -96,8 +96,8 @@ def run(pps: Sequence[int], vpps: Sequence[int], placements: Sequence[str],
 
 
 #: the repository's profiled cost files (a source checkout; pass --costs-dir otherwise)
-PROFILED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "tests", "data")
+PROFILED_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "data")
 
 
 def profiled_costs(cost_dir: str) -> List[tuple]:
@@ -127,7 +127,7 @@ def run_split_grid(cost_dir: str = PROFILED_DIR, out=sys.stdout) -> dict:
     from pipesplit.job_list import build_schedule
     from pipesplit.job_list.auto import AUTO_NAMES, fixed_candidates
     from pipesplit.job_list.simulate import simulate
-    from pipesplit.tools.bench_frameworks import COST_MODELS as FRAMEWORK_MODELS
+    from pipesplit.tools.bench.bench_frameworks import COST_MODELS as FRAMEWORK_MODELS
     models = profiled_costs(cost_dir) + [(label, costs) for label, costs, _ in FRAMEWORK_MODELS]
     summary = {"rows": 0, "slower": 0, "max_seconds": 0.0, "patterns": {}}
     print(f"{'costs':22} {'sched':6} {'pp':>3} {'vpp':>3} {'m':>3} {'best registered':>22} "

@@ -2,7 +2,7 @@
 
 Run with the Python that has paddlepaddle (no GPU, no program needed)::
 
-    python tools/reference_orders/dump_paddle_orders.py [OUT_DIR]
+    python tools/bench/reference_orders/dump_paddle_orders.py [OUT_DIR]
 
 For every rank, the pass class of ``paddle.distributed.passes.pipeline_scheduler_pass`` is
 instantiated, its attributes set (``num_micro_batches``, ``pp_degree``, ``pp_stage``,
@@ -33,7 +33,7 @@ from paddle.distributed.passes.pipeline_scheduler_pass import (  # noqa: E402
 
 GRID_PP = (2, 4, 8)
 GRID_VPP = (1, 2, 4)
-#: (tag, tF, tI, tW, comm) -- the cost models of tools/bench_frameworks.py
+#: (tag, tF, tI, tW, comm) -- the cost models of tools/bench/bench_frameworks.py
 COST_MODELS = (("1-2-1-1", 1.0, 1.0, 1.0, 0.0), ("1-1-.5-.5", 1.0, 0.5, 0.5, 0.0),
                ("1-2-1-1-c.1", 1.0, 1.0, 1.0, 0.1))
 

@@ -1,6 +1,6 @@
 """Share of backward work that ``split_backward`` moves into W (backward_w), by FLOPs and by time.
 
-    python -m pipesplit.tools.report_w_share [--json PATH] [--reps N] [--hidden 128]
+    python -m pipesplit.tools.bench.report_w_share [--json PATH] [--reps N] [--hidden 128]
                                              [--seq-len 64] [--batch 16] [-m 4]
 
 Model: ``build_gpt(4 stages, 1 layer per stage, hidden 128, 4 heads, vocab 256, seq_len 64)``.

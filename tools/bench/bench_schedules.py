@@ -1,6 +1,6 @@
 """Simulated comparison of every registered schedule over a grid of configurations.
 
-    python -m pipesplit.tools.bench_schedules [--json PATH] [--schedules 1F1B,VPP,...]
+    python -m pipesplit.tools.bench.bench_schedules [--json PATH] [--schedules 1F1B,VPP,...]
                                               [--pp 2,4,8] [--vpp 1,2,4] [--validate]
 
 Grid: pp in {2, 4, 8}, vpp in {1, 2, 4}, m in {pp, pp+1, 2pp, 2pp+2, 4pp}, and three cost models
@@ -189,7 +189,7 @@ def _int_list(text: str) -> List[int]:
 
 @quiet_pipe_main
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipesplit.tools.bench_schedules",
+    parser = argparse.ArgumentParser(prog="python -m pipesplit.tools.bench.bench_schedules",
                                      description=__doc__.strip().splitlines()[0])
     parser.add_argument("--json", metavar="PATH", help="also write every row as JSON")
     parser.add_argument("--schedules", nargs="+", metavar="NAME",

@@ -1,6 +1,6 @@
 """What the B / W split costs per stage in Paddle's executor, and where the extra time goes.
 
-    python -m pipesplit.tools.bench_split [--hidden 512] [--layers-per-stage 2] [--pp 2]
+    python -m pipesplit.tools.bench.bench_split [--hidden 512] [--layers-per-stage 2] [--pp 2]
         [--micro-batch-size 8] [--seq-len 64] [--repeats 7] [--json PATH]
 
 On a GPT (``build_gpt``; hidden >= 512 makes it compute-bound on CPU) split into ``pp`` stages,

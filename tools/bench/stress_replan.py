@@ -3,7 +3,7 @@
 Llama on 2-D stage meshes, ``auto`` and ``autoV`` in turn: step 1 is measured and the plan
 rebuilt) while ``--load-jobs`` other two-process training jobs run beside them the whole time.
 
-    python tools/stress_replan.py --runs 10 --json stress.json
+    python tools/bench/stress_replan.py --runs 10 --json stress.json
 
 Per run it reports pass / fail, the wall time, each rank's re-plan phases (profiler start, the
 waits at the rendezvous, the step, the exchange, the search and build: the line pipesplit
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "examples" / "llama_auto_parallel.py"
 LOAD = ROOT / "examples" / "auto_parallel_pipeline.py"
 _PHASES = re.compile(r"pipesplit: rank (\d+) measured training step \d+ and re-planned: (.*)")

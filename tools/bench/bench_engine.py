@@ -1,11 +1,11 @@
 """Measured step time, memory and pass time of Paddle's auto-parallel engine per schedule:
 Paddle's own pipeline passes against pipesplit's, one model, two CPU processes.
 
-    python tools/bench_engine.py [--model {gpt,llama}] [--steps 10] [--warmup 3] [-m 8]
+    python tools/bench/bench_engine.py [--model {gpt,llama}] [--steps 10] [--warmup 3] [-m 8]
         [--schedules FThenB,1F1B,...] [--quick] [--json PATH]
 
 The parent launches ``python -m paddle.distributed.launch --nproc_per_node 2`` on this file
-(``--worker``), one compute thread per rank (as ``tools/bench_multirank.py``).  Each process
+(``--worker``), one compute thread per rank (as ``tools/bench/bench_multirank.py``).  Each process
 builds one ``DistModel`` per (schedule, impl) with ``dist.to_static`` from the example's own
 builders (``examples/auto_parallel_pipeline.py``; ``examples/llama_auto_parallel.py`` at pp 2),
 each in its own name generator and scope, same seed, same batches.  Paddle's controls (impl
@@ -56,10 +56,11 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 
-from pipesplit.tools.bench_engine_report import (REFERENCE, add_loss_diffs,  # noqa: E402
+from pipesplit.tools.bench.bench_engine_report import (REFERENCE, add_loss_diffs,  # noqa: E402
                                                  format_report, goals, job_summary)
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
+                        "examples")
 PP = 2
 #: (schedule, vpp) in the table's order
 SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("VPP", 2), ("ZBV", 2),
@@ -81,7 +82,7 @@ LAUNCH_TIMEOUT_S = 1800
 
 
 def make_parser():
-    p = argparse.ArgumentParser(prog="tools/bench_engine.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="tools/bench/bench_engine.py", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("gpt", "llama"), default="gpt")
     p.add_argument("--steps", type=int, default=10, help="timed steps per engine")
     p.add_argument("--warmup", type=int, default=3,
@@ -407,7 +408,7 @@ def time_engines(args, kit, ranks) -> List[EngineRun]:
 
 
 def worker(args) -> int:
-    from pipesplit.tools.bench_multirank import join_workers
+    from pipesplit.tools.bench.bench_multirank import join_workers
 
     ranks = join_workers("bench_engine")
     if ranks is None:
@@ -466,7 +467,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.worker:
         return worker(args)
-    from pipesplit.tools.bench_multirank import _without, launch_workers
+    from pipesplit.tools.bench.bench_multirank import _without, launch_workers
 
     t0 = time.perf_counter()
     report = launch_workers(__file__, _without(argv, ("--json", "--log-dir")), args.log_dir,

@@ -1,11 +1,11 @@
 """pipesplit's best schedule versus the best PyTorch / Paddle schedule, in pipesplit's simulator.
 
-    python -m pipesplit.tools.bench_frameworks [--pp 2,4,8] [--vpp 1,2,4] [--always-auto]
+    python -m pipesplit.tools.bench.bench_frameworks [--pp 2,4,8] [--vpp 1,2,4] [--always-auto]
 
 Grid: pp in {2,4,8}, vpp in {1,2,4}, m in {pp, pp+1, 2pp, 2pp+2, 4pp}; cost models (tF,tB,tI,tW)
 (1,2,1,1), (1,1,.5,.5) and (1,2,1,1) with p2p latency c = 0.1 (as ``bench_schedules``).
 
-References: the committed orders under ``tools/reference_orders/`` (see its README) -- PyTorch
+References: the committed orders under ``tools/bench/reference_orders/`` (see its README) -- PyTorch
 2.13's schedule classes and Paddle 3.3.1's scheduler passes, dumped as CSV; no torch is needed
 here.  Each is validated (an order that deadlocks is recorded as such) and simulated; a
 framework's best is its fastest valid schedule for the configuration (least peak on ties).
