@@ -91,3 +91,14 @@ def launch_nodes(workdir: Path, script: Path, *args, nodes: int = 2, nproc: int 
         codes.append(proc.returncode)
     logs = sorted(workdir.glob("node*/workerlog.*"))
     return Launch(max(codes, key=abs), "\n".join(outputs), logs)
+
+
+def launch_for_json(workdir: Path, script: Path, *args, nproc: int = 2, timeout: int = 1200):
+    """``script OUT.json *args`` launched on ``nproc`` processes; what it wrote to OUT.json (a
+    failed launch fails the caller with each rank's first error)."""
+    import json
+
+    out = workdir / "out.json"
+    done = launch(workdir, script, out, *args, nproc=nproc, timeout=timeout)
+    assert done.returncode == 0, done.report()
+    return json.loads(out.read_text())

@@ -5,12 +5,10 @@ layer classes, the order of the set-up calls) before anything runs; never Paddle
 in one two-process launch (``tests/workers/engine_bad_strategy.py``)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from _paths import REPO as ROOT, WORKERS  # noqa: E402
+from _paths import WORKERS
+
 SCRIPT = WORKERS / "engine_bad_strategy.py"
 
 EXPECTED = {
@@ -44,12 +42,9 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from _launch import launch
+    from _launch import launch_for_json
 
-    work = tmp_path_factory.mktemp("bad_strategy")
-    done = launch(work, SCRIPT, work / "out.json")
-    assert done.returncode == 0, done.report()
-    return json.loads((work / "out.json").read_text())
+    return launch_for_json(tmp_path_factory.mktemp("bad_strategy"), SCRIPT)
 
 
 @pytest.mark.slow

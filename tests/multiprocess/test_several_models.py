@@ -15,12 +15,10 @@ the engine on two processes, all cases in ONE launch (``tests/workers/engine_sev
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from _paths import REPO as ROOT, WORKERS  # noqa: E402
+from _paths import WORKERS
+
 SCRIPT = WORKERS / "engine_several_models.py"
 TOL = 1e-5
 TRAINED = "trained"
@@ -43,12 +41,9 @@ EXPECTED = {  # case -> per model (in build order): TRAINED or the start of its 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from _launch import launch
+    from _launch import launch_for_json
 
-    work = tmp_path_factory.mktemp("several_models")
-    done = launch(work, SCRIPT, work / "out.json")
-    assert done.returncode == 0, done.report()
-    return json.loads((work / "out.json").read_text())
+    return launch_for_json(tmp_path_factory.mktemp("several_models"), SCRIPT)
 
 
 @pytest.mark.slow

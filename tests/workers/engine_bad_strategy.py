@@ -7,13 +7,14 @@ far as one training step.  Every rank records the first line of what it raised
 (``"Type: message"``) or ``"trained"``; rank 0 writes ``{case: {rank: line}}``.  Each case must fail the same way on every rank before any
 collective, or the ranks would fall out of step.
 """
-import json
+import contextlib
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 import auto_parallel_pipeline as example  # noqa: E402
+from _cases import record_cases  # noqa: E402
 
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
@@ -105,22 +106,18 @@ def run_case(change, argv, layout) -> str:
         paddle.disable_static()  # a failed to_static may leave the static mode on
 
 
+@contextlib.contextmanager
+def _fresh():
+    with paddle.utils.unique_name.guard(), paddle.static.scope_guard(paddle.static.Scope()):
+        yield
+
+
 def main() -> int:
-    out = Path(sys.argv[1])
     dist.init_parallel_env()
     pipesplit_strategy.enable_strategy()
     cpu_support.enable()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = {}
-    for case, (change, argv, layout) in CASES.items():
-        with paddle.utils.unique_name.guard(), paddle.static.scope_guard(paddle.static.Scope()):
-            results[case] = run_case(change, argv, layout)
-        example.exchange(rank, world, {}, key=f"bad/{case}")  # every rank done with it
-    everyone = example.exchange(rank, world, results, key="bad/results")
-    if rank == 0:
-        out.write_text(json.dumps({case: {r: res[case] for r, res in enumerate(everyone)}
-                                   for case in CASES}, indent=1))
-    example.exchange(rank, world, {}, key="bad/done")
+    record_cases(CASES, lambda spec: run_case(*spec), Path(sys.argv[1]), _fresh,
+                 example.exchange, key="bad")
     return 0
 
 

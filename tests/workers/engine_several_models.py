@@ -9,13 +9,13 @@ first line of what it raised (and from which call); rank 0 writes
 ``{case: {rank: [per model]}}``.  Each case runs under fresh names and an empty scope (as in a
 new process), so the cases do not meet.
 """
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 import auto_parallel_pipeline as example  # noqa: E402
+from _cases import record_cases  # noqa: E402
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
@@ -106,22 +106,18 @@ def run_case(models):
     return results
 
 
+def _with_pipesplit_on_after(models):
+    try:
+        return run_case(models)
+    finally:
+        pipesplit_strategy.enable_strategy()
+
+
 def main() -> int:
-    out = Path(sys.argv[1])
     cpu_support.enable()
     pipesplit_strategy.enable_strategy()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = {}
-    for case, models in CASES.items():
-        with example.new_process():
-            results[case] = run_case(models)
-        pipesplit_strategy.enable_strategy()
-        example.exchange(rank, world, {}, key=f"several/{case}")  # every rank done with it
-    everyone = example.exchange(rank, world, results, key="several/results")
-    if rank == 0:
-        out.write_text(json.dumps({case: {r: res[case] for r, res in enumerate(everyone)}
-                                   for case in CASES}, indent=1))
-    example.exchange(rank, world, {}, key="several/done")
+    record_cases(CASES, _with_pipesplit_on_after, Path(sys.argv[1]), example.new_process,
+                 example.exchange, key="several")
     return 0
 
 
