@@ -167,15 +167,26 @@ def _is_kind_value(node):
         _KIND_VALUE.search(ast.unparse(node.value)) is not None
 
 
+def _names_a_bystander(node):
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and re.search(r"bystander_?$", node.value) is not None) or (
+        isinstance(node, ast.FormattedValue) and ast.unparse(node.value).endswith("BYSTANDER"))
+
+
 def _built_job_types(tree):
     """(line, source) of every expression that writes a kind and a number together: an
     f-string with a kind literal (``f"forward{c}"``, ``f"send_{kind}{c}"``) or a kind value
-    (``f"{kind}{c}"``) directly followed by a formatted value, or ``"forward" + ...``."""
+    (``f"{kind}{c}"``) directly followed by a formatted value, a bystander job type
+    (``f"bystander{s}_{t}"``, ``f"{BYSTANDER}_{r}_{t}"``; "a bystander of {x}" is prose), or
+    ``"forward" + ...``."""
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
-            pairs = zip(node.values, node.values[1:])
+            pairs = list(zip(node.values, node.values[1:]))
             if any(isinstance(b, ast.FormattedValue) and (_is_kind_text(a) or _is_kind_value(a))
-                   for a, b in pairs):
+                   for a, b in pairs) or any(
+                    _names_a_bystander(a) and any(isinstance(b, ast.FormattedValue)
+                                                  for b in node.values[i + 1:])
+                    for i, a in enumerate(node.values)):
                 yield node.lineno, ast.unparse(node)
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) \
                 and _is_kind_text(node.left) and not isinstance(node.right, ast.Constant):
@@ -184,14 +195,17 @@ def _built_job_types(tree):
 
 def test_the_scan_sees_built_job_types():
     code = ('a = f"forward{c}"; b = f"send_{kind}{chunk}"; c = f"{job.kind}{job.chunk}"; '
-            'd = "backward_b" + str(c); e = f"{k} ms"; f = f"rank{r}_{x}"; g = f"pipesplit_{c}"')
-    assert [line for line, _ in _built_job_types(ast.parse(code))] == [1, 1, 1, 1]
+            'd = "backward_b" + str(c); e = f"{k} ms"; f = f"rank{r}_{x}"; g = f"pipesplit_{c}"\n'
+            'h = f"bystander{s}_{t}"; i = f"{BYSTANDER}_{r}_{t}"; j = f"a bystander of {x}"')
+    assert [line for line, _ in _built_job_types(ast.parse(code))] == [1, 1, 1, 1, 2, 2]
 
 
 def _lines_of_job_type(tree):
-    """The lines of ``job_type`` itself (job_list/ir.py), the one place that builds them."""
+    """The lines of ``job_type`` and ``bystander_type`` (job_list/ir.py), the one place that
+    builds them."""
     return {line for node in tree.body if isinstance(node, ast.FunctionDef)
-            and node.name == "job_type" for line in range(node.lineno, node.end_lineno + 1)}
+            and node.name in ("job_type", "bystander_type")
+            for line in range(node.lineno, node.end_lineno + 1)}
 
 
 def test_job_types_are_built_by_job_type_only():
