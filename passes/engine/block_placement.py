@@ -100,7 +100,7 @@ _STAY = ("dist_op.reshard", "builtin.parameter", "pd_op.data")
 def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
     (non-decreasing) the meshes of the placement of the engine's schedule (``state``: its
-    :class:`~.engine_state.EngineState`; looped or V), in place: each stage
+    :class:`~.state.EngineState`; looped or V), in place: each stage
     mesh keeps as many blocks as the user placed on it, dealt one by one to its chunks, and the
     blocks fill the virtual stages in model order (``Placement.stages_of_blocks``), each on its
     rank (looped: s = c*pp + r; V: the same for even chunks c, s = c*pp + pp-1-r for odd ones;

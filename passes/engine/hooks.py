@@ -159,13 +159,13 @@ def keep_the_name_generator(original):
 
 
 def check_names_apart(state: EngineState) -> None:
-    """Refuse a model whose parameters have the names of a live pipesplit engine's (Paddle's
-    engines keep parameters in one scope by name): the two would share them and both train
-    wrong.  (A model built after ``to_static`` under the same name generator cannot meet
-    this: :func:`keep_the_name_generator`.)"""
+    """Refuse a model whose parameters have the names of a live pipesplit engine's built in
+    the same scope (Paddle's engines keep parameters in the scope by name): the two would share
+    them and both train wrong.  (A model built after ``to_static`` under the same name
+    generator cannot meet this: :func:`keep_the_name_generator`.)"""
     for other in DOOR.holders("engine_routes"):
         shared = sorted(state.parameter_names & other.parameter_names)
-        if shared and other is not state:
+        if shared and other is not state and other.scope is state.scope:
             raise RuntimeError(
                 f"dist.to_static: this model's parameters {shared[:3]}"
                 f"{' ...' if len(shared) > 3 else ''} have the names of the parameters of a "

@@ -75,6 +75,7 @@ class EngineState:
     measure_step: Optional[int]   # the training step measured for a re-plan (None: none)
     user_placements: dict         # the user's (mesh, placements) per distributed parameter
     parameter_names: frozenset    # the names of the model's parameters (its scope variables)
+    scope: object = None          # the scope the engine was built in (Paddle's global scope)
     pipe: Optional[Pipe] = None   # this process's pipeline, from the stage meshes
     sharded_loader: bool = False  # the data come from a dist.shard_dataloader
     fed_meshes: Dict[str, object] = field(default_factory=dict)  # feed name -> its mesh

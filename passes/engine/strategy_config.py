@@ -31,7 +31,7 @@ def record_pipe(dist_program, pipeline_strategy) -> Pipe:
     the engine's whole distributed program, kept beside the engine's strategy for its pipeline
     pass: stage meshes may have any shape (dp, mp, ... axes), and a peer is the process of the
     neighbouring stage at the same coordinate, never process +- 1.  (The engine-path hook
-    keeps it in the engine's :class:`~.engine_state.EngineState`.)"""
+    keeps it in the engine's :class:`~.state.EngineState`.)"""
     import paddle.distributed as dist
     from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
@@ -268,11 +268,13 @@ def open_engine_state(engine) -> EngineState:
     """The engine-init hook's one reading of the engine's strategy: the checks (field types,
     the gradient merge, the world, the model, the schedule), with what Paddle derives filled
     in between the field types and the checks that read ``pp_degree``; the request resolved
-    once into an :class:`~.engine_state.EngineState` (not yet attached)."""
+    once into an :class:`~.state.EngineState` (not yet attached)."""
+    import paddle
     import paddle.distributed as dist
 
+    from pipesplit.passes.engine.strategy_checks import (check_fields, check_gradient_merge,
+                                                         check_model, check_world)
     from pipesplit.passes.engine.surgery import placements_of
-    from pipesplit.passes.engine.strategy_checks import check_fields, check_gradient_merge, check_model, check_world
 
     pipeline = engine._strategy.pipeline
     check_fields(pipeline)
@@ -284,4 +286,5 @@ def open_engine_state(engine) -> EngineState:
     return EngineState(requested=str(pipeline.schedule_mode), config=config, checked=checked,
                        options=options_of(pipeline), measure_step=measured_step(pipeline),
                        user_placements=placements_of(engine._model),
-                       parameter_names=frozenset(p.name for p in engine._model.parameters()))
+                       parameter_names=frozenset(p.name for p in engine._model.parameters()),
+                       scope=paddle.static.global_scope())
