@@ -437,8 +437,9 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
         return [simulated_step(row["_schedule"], costs_by_vpp[row["vpp"]], row["optimizer_ms"], c)
                 for row in rows]
 
+    # (every job kind the overhead is added to: no cost may go below 0, whatever was measured)
     smallest = min(min(v) for costs in costs_by_vpp.values()
-                   for v in (costs.forward, costs.backward_b, costs.backward_w))
+                   for v in (costs.forward, costs.backward, costs.backward_b, costs.backward_w))
     biggest = max(max(costs_by_vpp[1].backward), 1.0)
     bounds = (-smallest, biggest)
     c = fit_overhead([row["measured_ms"] for row in rows], simulate_all, *bounds)
