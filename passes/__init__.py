@@ -7,7 +7,7 @@ from pipesplit.passes._paddle import SUPPORTED_PADDLE_VERSIONS, require_supporte
 
 require_supported_paddle()
 
-from pipesplit.passes.config import KNOWN_ATTRS, PipelineConfig  # noqa: E402
+from pipesplit.job_list.request import KNOWN_ATTRS, PipelineConfig  # noqa: E402
 from pipesplit.passes.pipeline import PipelinePlan, emulated_job_order, make_schedule, split_and_schedule  # noqa: E402
 from pipesplit.passes.registration import (PipesplitSchedulerPass, apply_pass, apply_pipeline, disable,  # noqa: E402
                            enable, is_enabled, paddle_pass_class, register_all)

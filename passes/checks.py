@@ -7,7 +7,7 @@ the pipeline) run on the pass's clone, in :func:`pipesplit.ir_utils.split_progra
 from __future__ import annotations
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 
 paddle = require_supported_paddle()
 

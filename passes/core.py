@@ -10,16 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, List, Optional, Tuple
 
-from pipesplit.job_list import Schedule, build_schedule, get_spec
+from pipesplit.job_list import Schedule
 from pipesplit.job_list.opening import OpenedSchedule
 from pipesplit.job_list.opening import open_schedule as open_job_list_schedule
 from pipesplit.job_list.auto import AUTO_NAMES, split_stages_of
-from pipesplit.job_list.registry import accepted_options
+from pipesplit.job_list.request import PipelineConfig, make_schedule
 from pipesplit.job_list.simulate import SimResult, simulate
-from pipesplit.job_list.validate import validate
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.config import PipelineConfig
 
 paddle = require_supported_paddle()
 
@@ -59,52 +57,18 @@ class PipelinePlan:
         self.split.init_scope(scope, place or paddle.CPUPlace())
 
 
-def _generator_options(config: PipelineConfig) -> dict:
-    options = {}
-    if config.costs is not None:
-        options["costs"] = config.costs
-    if config.memory_limit is not None:
-        options["memory_limit"] = config.memory_limit
-    return accepted_options(config.schedule, options)
-
-
-def build_for(config: PipelineConfig) -> Schedule:
-    """The compute schedule the config asks for, built (the ``auto`` search run), not yet
-    validated: a strategy check keeps it for the plan opening (:func:`open_schedule`)."""
-    return build_schedule(config.schedule, config.pp_degree, config.vpp_degree,
-                          config.num_micro_batches, split_backward=config.split_backward,
-                          **_generator_options(config))
-
-
-def make_schedule(config: PipelineConfig) -> Schedule:
-    """The validated compute schedule the config asks for."""
-    schedule = build_for(config)
-    validate(schedule)
-    return schedule
-
-
-def matches_request(schedule: Schedule, config: PipelineConfig) -> bool:
-    """Whether ``schedule`` is what :func:`build_for` gives for ``config`` (the same schedule,
-    sizes, B / W split and generator options)."""
-    return (schedule.name == get_spec(config.schedule).name
-            and (schedule.pp, schedule.vpp, schedule.m)
-            == (config.pp_degree, config.vpp_degree, config.num_micro_batches)
-            and schedule.split_backward == config.splits_backward
-            and schedule.options == _generator_options(config) and not schedule.lowered)
-
-
 def open_schedule(config: PipelineConfig, main_program,
                   built: Optional[Schedule] = None) -> OpenedSchedule:
     """The one place every builder opens a plan's schedule: built once (the ``auto`` search
-    too; ``built``, what :func:`build_for` gave a check of the same config, is taken as it
+    too; ``built``, what ``config.build()`` gave a check of the same config, is taken as it
     is), then opened by :func:`pipesplit.job_list.opening.open_schedule` (validated, forward
     only for a program without backward, simulated and lowered once)."""
-    if built is not None and not matches_request(built, config):
+    if built is not None and not config.built(built):
         raise ValueError(f"the schedule given ({built.name}, pp={built.pp}, vpp={built.vpp}, "
                          f"m={built.m}) was not built for this config ({config.schedule}, "
                          f"pp={config.pp_degree}, vpp={config.vpp_degree}, "
                          f"m={config.num_micro_batches})")
-    return open_job_list_schedule(built if built is not None else build_for(config),
+    return open_job_list_schedule(built if built is not None else config.build(),
                                   config.costs, forward_only=not has_backward(main_program))
 
 

@@ -33,7 +33,7 @@ from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, COMM_KINDS, COMPUTE_KIN
 from pipesplit.job_list.lower import peer_of
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
 from pipesplit.passes.transport import WORLD_RING, pick_transport
 

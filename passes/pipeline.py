@@ -15,8 +15,9 @@ from pipesplit.job_list.lower import global_order
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.checks import check_pass_inputs
-from pipesplit.passes.config import PipelineConfig
-from pipesplit.passes.core import PipelinePlan, make_schedule, open_schedule, split_sub_programs
+from pipesplit.job_list.request import PipelineConfig
+from pipesplit.job_list.request import make_schedule
+from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
 from pipesplit.passes.per_rank import build_rank_plan
 
 paddle = require_supported_paddle()

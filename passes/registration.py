@@ -13,7 +13,7 @@ from typing import Dict, Optional
 from pipesplit.job_list import get_spec, schedule_names
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.pipeline import PipelinePlan, split_and_schedule
 
 require_supported_paddle()

@@ -157,7 +157,6 @@ def run(args) -> dict:
     from pipesplit.ir_utils import PlanRunner, init_scope, read_params, run_unsplit_baseline
     from pipesplit.job_list.views import ascii_grid
     from pipesplit.passes import PipelineConfig, split_and_schedule
-    from pipesplit.passes.core import matches_request
     from pipesplit.tools._console import grid_width
 
     model = build_model(args)
@@ -167,7 +166,7 @@ def run(args) -> dict:
     config = PipelineConfig.from_attrs(args.schedule, attrs)
     built = getattr(args, "built_schedule", None)  # (when --vpp was left to the demo)
     pipeline = split_and_schedule(model.main, model.startup, config,
-                                  built if built and matches_request(built, config) else None)
+                                  built if built and config.built(built) else None)
     sim = pipeline.simulate()
     print(f"{pipeline.schedule.name}: pp={args.pp} vpp={args.vpp} m={args.m} "
           f"({args.model}, {len(model.param_names)} parameters, {args.steps} steps, "

@@ -27,7 +27,7 @@ from pipesplit.job_list import Schedule
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe
 
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 
 #: the one attribute pipesplit sets on a Paddle object (a strategy's pipeline section)
 HANDLE = "_pipesplit"

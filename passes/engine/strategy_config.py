@@ -11,7 +11,7 @@ from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe, pipe_of
 from pipesplit.job_list.placement import SizeError
 
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.engine.state import (DEFAULT_MEASURE, EngineState, options_of, set_options,
                            state_of)
 from pipesplit.passes.measure.replan import MEASURED_STEP
@@ -253,11 +253,9 @@ def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> Pipeline
 
 def checked_request(pipeline_strategy, blocks: Optional[list] = None):
     """(config, schedule): :func:`check_strategy`'s config and the schedule it built."""
-    from pipesplit.passes.core import build_for
-
     config = config_from_strategy(pipeline_strategy, pp_stage=None, blocks=blocks)
     try:
-        return config, build_for(config)
+        return config, config.build()
     except ValueError as e:
         said = _said_in_strategy_terms(e) if isinstance(e, SizeError) else str(e)
         raise ValueError(f"strategy.pipeline.schedule_mode={config.schedule!r} cannot serve "

@@ -34,7 +34,7 @@ from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS,
 from pipesplit.job_list.placement import Placement
 from pipesplit.job_list.registry import get_spec
 
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.transport.launch_store import launch_store
 
 #: the training step (0-based) whose jobs are measured: step 0 builds the interpreters

@@ -23,7 +23,7 @@ from pipesplit.job_list.lower import RankJob, peer_of
 from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.transport.launch_store import launch_store, round_key
 
 paddle = require_supported_paddle()

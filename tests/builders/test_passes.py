@@ -11,7 +11,7 @@ from paddle.distributed.passes.pass_base import PassBase, PassContext
 
 import pipesplit.passes as passes
 from pipesplit.ir_utils import PlanRunner, build_mlp, init_scope
-from pipesplit.job_list import get_spec, schedule_names
+from pipesplit.job_list import schedule_names
 
 from _parity import model
 

@@ -28,7 +28,7 @@ def calls(monkeypatch):
     simulate = counting("simulate",
                         importlib.import_module("pipesplit.job_list.latency").simulate_latency)
     lower = importlib.import_module("pipesplit.job_list.lower")
-    for name in ("pipesplit.job_list", "pipesplit.job_list.registry", "pipesplit.passes.core"):
+    for name in ("pipesplit.job_list", "pipesplit.job_list.registry", "pipesplit.job_list.request"):
         monkeypatch.setattr(importlib.import_module(name), "build_schedule", build)
     monkeypatch.setattr(lower, "_lower", counting("lower", lower._lower))
     for name in ("pipesplit.job_list.lower", "pipesplit.job_list.simulate",
@@ -65,10 +65,10 @@ def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
 
 def test_a_schedule_built_for_another_config_is_refused():
     from pipesplit.passes import PipelineConfig
-    from pipesplit.passes.core import build_for, open_schedule
+    from pipesplit.passes.core import open_schedule
 
     config = PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=4, pp_degree=2))
-    other = build_for(PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=6, pp_degree=2)))
+    other = PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=6, pp_degree=2)).build()
     built = build_gpt(num_stages=2, hidden=16, batch_size=8, seed=3)
     with pytest.raises(ValueError, match=r"was not built for this config \(1F1B, pp=2, vpp=1, "
                                          r"m=4\)"):

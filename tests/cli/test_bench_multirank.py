@@ -80,8 +80,8 @@ def test_simulated_times_are_the_simulators(report):
     """Rebuilt from the written costs, each schedule simulates to the row's figures, and the
     fitted overhead is the least-squares one within its bounds."""
     from pipesplit.job_list import Costs
-    from pipesplit.passes.config import PipelineConfig
-    from pipesplit.passes.core import make_schedule
+    from pipesplit.job_list.request import PipelineConfig
+    from pipesplit.job_list.request import make_schedule
     from pipesplit.tools.bench.bench_multirank import simulated_step
 
     schedules = []

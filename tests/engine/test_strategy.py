@@ -1,7 +1,6 @@
 """The strategy hook: Paddle's auto-parallel ``pipeline_pass`` routed to pipesplit."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest

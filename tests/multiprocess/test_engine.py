@@ -8,7 +8,6 @@ every parameter with the script's own one-process dygraph reference (same micro-
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

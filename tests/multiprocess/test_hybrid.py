@@ -10,14 +10,13 @@ pieces of the CPU world-ring transport are checked here without processes.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from pipesplit.job_list import build_schedule
 from pipesplit.job_list.lower import lower_with_order
 
-from _paths import REPO as ROOT, WORKERS  # noqa: E402
+from _paths import WORKERS  # noqa: E402
 GRID = WORKERS / "llama_grid.py"
 ADAMW_TOL, SGD_TOL = 1e-5, 1e-6
 

@@ -24,7 +24,7 @@ TOL = 1e-6
 
 
 def _rank_plans(case, schedule, vpp, device="cpu"):
-    from pipesplit.passes.config import PipelineConfig
+    from pipesplit.job_list.request import PipelineConfig
     from pipesplit.passes.per_rank import build_rank_plan
 
     prog = U.build(case, 2 * vpp)

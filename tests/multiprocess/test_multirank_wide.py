@@ -13,9 +13,7 @@ reports (dead and hung rank) at pp=4.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -95,7 +93,7 @@ def test_world_ring_orders_match_gpu_and_each_other(schedule, pp, vpp, m):
 
 
 def test_world_ring_clipping_and_tied_weights_reduce_on_every_rank():
-    from pipesplit.passes.config import PipelineConfig
+    from pipesplit.job_list.request import PipelineConfig
     from pipesplit.passes.per_rank import build_rank_plan
     from pipesplit.tools.demo import build_model, make_parser
 

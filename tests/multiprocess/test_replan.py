@@ -11,7 +11,6 @@ import contextlib
 import re
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ import paddle
 from pipesplit.job_list import Costs, build_schedule
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes.engine.state import HANDLE
-from pipesplit.passes.config import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.measure.replan import (MEASURED_STEP, costs_from, job_times, profile_jobs,
                                      rank_measurement)
 

@@ -19,7 +19,7 @@ import pytest
 
 from _launch import launch, launch_nodes
 
-from _paths import REPO as ROOT, WORKERS  # noqa: E402
+from _paths import WORKERS  # noqa: E402
 SCRIPT = WORKERS / "engine_user_conventions.py"
 TOL = 1e-5
 

@@ -321,8 +321,8 @@ class EngineRun:
             from pipesplit.passes.strategy import last_pipeline
 
             return last_pipeline().schedule
-        from pipesplit.passes.config import PipelineConfig
-        from pipesplit.passes.core import make_schedule
+        from pipesplit.job_list.request import PipelineConfig
+        from pipesplit.job_list.request import make_schedule
 
         return make_schedule(PipelineConfig.from_attrs(self.name, dict(
             num_micro_batches=self.m, pp_degree=PP, vpp_degree=self.vpp)))

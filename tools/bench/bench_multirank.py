@@ -220,7 +220,7 @@ def grouped_costs(costs, group: int):
 
 
 def rank_plan(args, name: str, vpp: int, costs, rank: int):
-    from pipesplit.passes.config import PipelineConfig
+    from pipesplit.job_list.request import PipelineConfig
     from pipesplit.passes.per_rank import build_rank_plan
 
     model = build(args, PP * vpp, args.m)
@@ -233,8 +233,8 @@ def rank_plan(args, name: str, vpp: int, costs, rank: int):
 def choose_auto_vpp(args, costs_by_vpp) -> int:
     """The vpp whose ``auto`` schedule simulates the shorter step (rank-independent)."""
     from pipesplit.job_list import simulate
-    from pipesplit.passes.config import PipelineConfig
-    from pipesplit.passes.core import make_schedule
+    from pipesplit.job_list.request import PipelineConfig
+    from pipesplit.job_list.request import make_schedule
 
     spans = {}
     for vpp, costs in costs_by_vpp.items():

@@ -1,13 +1,19 @@
-"""Pass attributes, checked once: every bad value is a ValueError / TypeError naming it."""
+"""A pipeline request: the pass attributes (or a strategy's pipeline section) checked once into
+a :class:`PipelineConfig`, and the compute schedule it asks for.
+
+Every bad value is a ValueError / TypeError naming it.  Pure Python, like all of ``job_list``:
+the passes and the engine integration read a request, they do not derive it again."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import List, Optional
 
-from pipesplit.job_list.placement import check_positive_int
-from pipesplit.job_list.registry import accepted_options, get_spec, schedule_names
-from pipesplit.job_list.simulate import Costs
+from .costs import Costs
+from .ir import Schedule
+from .placement import check_positive_int
+from .registry import accepted_options, build_schedule, get_spec, schedule_names
+from .validate import validate
 
 #: Attributes Paddle's own pipeline passes take, plus pipesplit's.
 KNOWN_ATTRS = {
@@ -80,6 +86,38 @@ class PipelineConfig:
         if limit is not None:
             check_memory_limit(spec.name, limit)
         return cls(spec.name, m, pp, vpp, stage, split, mode, costs, limit)
+
+    def generator_options(self) -> dict:
+        """The options the schedule's generator takes from this request (costs, memory limit)."""
+        options = {}
+        if self.costs is not None:
+            options["costs"] = self.costs
+        if self.memory_limit is not None:
+            options["memory_limit"] = self.memory_limit
+        return accepted_options(self.schedule, options)
+
+    def build(self) -> Schedule:
+        """The compute schedule this request asks for, built (the ``auto`` search run), not
+        yet validated: a strategy check keeps it for the plan opening."""
+        return build_schedule(self.schedule, self.pp_degree, self.vpp_degree,
+                              self.num_micro_batches, split_backward=self.split_backward,
+                              **self.generator_options())
+
+    def built(self, schedule: Schedule) -> bool:
+        """Whether ``schedule`` is what :meth:`build` gives (the same schedule, sizes, B / W
+        split and generator options, not lowered)."""
+        return (schedule.name == self.schedule
+                and (schedule.pp, schedule.vpp, schedule.m)
+                == (self.pp_degree, self.vpp_degree, self.num_micro_batches)
+                and schedule.split_backward == self.splits_backward
+                and schedule.options == self.generator_options() and not schedule.lowered)
+
+
+def make_schedule(config: PipelineConfig) -> Schedule:
+    """The validated compute schedule ``config`` asks for."""
+    schedule = config.build()
+    validate(schedule)
+    return schedule
 
 
 def schedules_taking(option: str) -> List[str]:
