@@ -338,6 +338,11 @@ def measure_and_replan(original):
         step = state.train_steps
         state.train_steps += 1
         before = state.pipeline_of("train")
+        from pipesplit.passes.measure.replan import ops_on_this_thread
+
+        if state.measure_step is not None and step < state.measure_step:
+            with ops_on_this_thread():  # (the interpreters the measured step runs)
+                return original(self, *args, **kwargs)
         # (a whole-model program, every rank emulated in one process, is not re-planned)
         if step != state.measure_step or getattr(before, "source_program", None) is None:
             return original(self, *args, **kwargs)
@@ -353,7 +358,8 @@ def measure_and_replan(original):
             clock.lap("profiler_start_s")
             clock.lap("wait_before_step_s", rendezvous(
                 f"{key}/step", f"the measured training step {step}", rank, world))
-            return original(self, *args, **kwargs)
+            with ops_on_this_thread():
+                return original(self, *args, **kwargs)
 
         logs, jobs = profile_jobs(measured)
         clock.lap("step_s")

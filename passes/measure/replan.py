@@ -24,6 +24,7 @@ The pieces, each on its own:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -71,6 +72,30 @@ def job_times(jobs: Sequence[Tuple[str, int, float]]) -> Dict[str, List[float]]:
     for t, _, ms in jobs:
         out.setdefault(t, []).append(ms)
     return out
+
+
+#: Paddle's flag that makes the interpreters built while it is on run their ops on the calling
+#: thread (its "trace mode"); it is read when an interpreter is built, not when it runs
+_TRACE_RUN_FLAG = "FLAGS_enable_pir_in_executor_trace_run"
+
+
+@contextlib.contextmanager
+def ops_on_this_thread():
+    """The executor's interpreters built inside run their ops on the calling thread.
+
+    The steps up to the measured one build their interpreters so: the profiler's stop gathers
+    every thread's events without a lock, and an executor worker still closing its first event
+    then (the last op of a step) crashed the process now and then, in
+    ``HostEventRecorder::GatherEvents``. With the ops on the profiling thread nothing else
+    records. The re-planned interpreters are built after, as Paddle builds them."""
+    import paddle
+
+    before = paddle.get_flags([_TRACE_RUN_FLAG])[_TRACE_RUN_FLAG]
+    paddle.set_flags({_TRACE_RUN_FLAG: True})
+    try:
+        yield
+    finally:
+        paddle.set_flags({_TRACE_RUN_FLAG: before})
 
 
 def profile_jobs(run: Callable[[], object]) -> Tuple[object, List[Tuple[str, int, float]]]:

@@ -123,6 +123,49 @@ def test_the_profiler_names_every_job_a_plan_ran():
     assert all(ms > 0 for _, _, ms in jobs)
 
 
+def _recording_threads(run) -> int:
+    """How many threads recorded events while Paddle's profiler watched ``run()``."""
+    import paddle.profiler as profiler
+
+    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], on_trace_ready=lambda _: None)
+    prof.start()
+    try:
+        run()
+    finally:
+        prof.stop()
+    return sum(1 for root in prof.profiler_result.get_data().values() if root.children_node)
+
+
+def test_the_measured_steps_interpreters_run_every_op_on_the_profiling_thread():
+    """Interpreters built under ``ops_on_this_thread`` record every event on the calling thread
+    (the profiler's unlocked gather then races with no worker), those built after it use
+    Paddle's worker threads again; the flag is as it was."""
+    from pipesplit.ir_utils import init_scope
+    from pipesplit.ir_utils.measure import TimedExecutor
+    from pipesplit.passes import apply_pipeline
+    from pipesplit.passes.measure.profile import build_model
+    from pipesplit.passes.measure.replan import ops_on_this_thread
+
+    flag = "FLAGS_enable_pir_in_executor_trace_run"
+    with _static_mode():
+        model = build_model("gpt", 2, 4, hidden=16)
+        pipeline = apply_pipeline(model.main, model.startup, "ZBH1",
+                                  dict(num_micro_batches=4, pp_degree=2))
+        place = paddle.CPUPlace()
+
+        def executor():
+            ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place),
+                               model.make_batch(0), place)
+            ex.run()  # (builds the interpreters)
+            return ex
+
+        with ops_on_this_thread():
+            measured = executor()
+        assert paddle.get_flags([flag])[flag] is False
+        assert _recording_threads(measured.run) == 1
+        assert _recording_threads(executor().run) > 1
+
+
 def _pipeline(schedule="auto"):
     strategy = paddle.distributed.Strategy()
     strategy.pipeline.schedule_mode = schedule
