@@ -15,21 +15,24 @@ from _paths import DATA
 LAYOUTS = [(1, 1), (1, 2), (2, 2), (4, 1), (4, 2)]  # (emulated pp, vpp)
 
 
-def served(m_of_pp):
+def served(m_of_pp, slow_from_pp=None):
     """(schedule, pp, vpp, m) for every schedule that serves the layout (others raise a
-    ValueError naming the constraint, which the job_list tests check)."""
+    ValueError naming the constraint, which the job_list tests check); the layouts with
+    ``slow_from_pp`` or more ranks marked slow."""
     cases = []
     for name in schedule_names():
         for pp, vpp in LAYOUTS:
             m = m_of_pp(pp)
             if not serves(name, pp, vpp, m):
                 continue
-            cases.append(pytest.param(name, pp, vpp, m, id=f"{name}-pp{pp}-v{vpp}-m{m}"))
+            slow = slow_from_pp is not None and pp >= slow_from_pp
+            cases.append(pytest.param(name, pp, vpp, m, id=f"{name}-pp{pp}-v{vpp}-m{m}",
+                                      marks=[pytest.mark.slow] if slow else []))
     return cases
 
 
 @pytest.mark.parametrize("split_backward", [False, True], ids=["B", "IW"])
-@pytest.mark.parametrize("name, pp, vpp, m", served(lambda pp: pp + 1))
+@pytest.mark.parametrize("name, pp, vpp, m", served(lambda pp: pp + 1, slow_from_pp=4))
 def test_gpt_adam_m_not_multiple_of_pp(name, pp, vpp, m, split_backward):
     assert_matches_unsplit("gpt", "adam", name, pp, vpp, m, split_backward)
 

@@ -167,6 +167,7 @@ def test_sum_accumulation_scales_the_update_by_m():
     np.testing.assert_allclose(moved["sum"], 4 * moved["avg"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_demo_json_matches_unsplit_training(tmp_path):
     out = tmp_path / "out.json"
     result = subprocess.run(

@@ -83,6 +83,7 @@ def calibration(calibrated):
     return calibrated[2]
 
 
+@pytest.mark.slow
 def test_memory_measurement_is_repeatable(calibrated):
     """The same bytes every time (serial executor, GC caught up, peak measured behind the GC
     thread): a second profile and a second measurement of a schedule give identical figures.
@@ -95,6 +96,7 @@ def test_memory_measurement_is_repeatable(calibrated):
         assert record["peak_bytes"] == records[name]["peak_bytes"], name
 
 
+@pytest.mark.slow
 def test_measured_memory_ordering(calibration):
     r = calibration
     peak = {k: v["peak_bytes"] for k, v in r.items()}
@@ -110,6 +112,7 @@ def test_measured_memory_ordering(calibration):
     assert units["1F1B"] <= units["ZBH1"] < units["ZBH2"] < units["FThenB"]
 
 
+@pytest.mark.slow
 def test_calibrated_simulator_predicts_measured_memory_ratios(calibration):
     """With w_memory measured by the profiler, the simulator's memory model (walked over the
     executed one-process order) predicts what each schedule needs beyond 1F1B.
@@ -125,6 +128,7 @@ def test_calibrated_simulator_predicts_measured_memory_ratios(calibration):
         assert predicted > 0 and abs(measured / predicted - 1) < 0.10, (name, measured, predicted)
 
 
+@pytest.mark.slow
 def test_demo_auto_with_profile_and_memory_limit(capsys):
     args = ["demo", "--schedule", "auto", "--profile", "--model", "mlp", "--pp", "2", "--vpp", "1",
             "-m", "4", "--steps", "1", "--hidden", "16", "--micro-batch-size", "4",

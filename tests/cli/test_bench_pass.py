@@ -5,11 +5,14 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 
 def _finite(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+@pytest.mark.slow
 def test_bench_pass_quick(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "pipesplit.tools.bench.bench_pass", "--quick",

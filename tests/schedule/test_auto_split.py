@@ -52,6 +52,7 @@ def registered_variants(pp, vpp, m, placement):
                 break
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", (LOOPED, V_SHAPE))
 def test_auto_never_slower_than_a_registered_schedule_at_no_more_memory(placement):
     name = "auto" if placement == LOOPED else "autoV"
@@ -124,6 +125,7 @@ def test_unsplit_stage_searched_as_b():
     assert (ctx.cost[1][1], ctx.cost[2][1]) == (1.5, 1.0)
 
 
+@pytest.mark.slow
 def test_bench_split_grid_finds_no_loss():
     import io
     from pipesplit.tools.bench.bench_auto import run_split_grid
@@ -141,6 +143,7 @@ def rendezvous_costs_for(num_stages):
              replace(profiled, comm=2 * max(profiled.of(BACKWARD, 0), 1e-3)))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", (LOOPED, V_SHAPE))
 def test_auto_under_rendezvous_costs_is_never_slower_than_a_fitting_registered_schedule(placement):
     # the search runs in the latency model; its finalists are re-ranked with the rendezvous

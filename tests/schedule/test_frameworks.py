@@ -33,6 +33,7 @@ def summary():
         return bf.run(always_auto=False, out=sink)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", bf.FRAMEWORKS)
 def test_pipesplit_never_slower_than_framework(summary, framework):
     for (fw, label), stats in summary.items():
