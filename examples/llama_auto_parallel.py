@@ -22,6 +22,12 @@ of dp gets the ``r``-th contiguous block of ``m * micro_batch_size`` samples) an
 splits into ``m`` micro-batches on every rank.  Micro-batch ``k`` of the reference is the
 ``k``-th slice of every dp rank's block, so its mean loss is the one the engine computes.
 
+``--style library`` writes the model as the auto-parallel Llama of Paddle's model library
+(PaddleNLP) writes it: the mask and the position ids made on the global mesh and resharded onto
+the layer's mesh *inside* each attention, the rotary tables built in the attention, and the
+decoder layers under ``paddle.distributed.fleet.utils.recompute`` (``strategy.recompute``
+on).  The schedules that move layers (VPP, ZBV, ...) move those reshards with them.
+
 ``--paddle`` runs Paddle's own pipeline pass (FThenB, 1F1B, VPP) as a control.  On a CPU build,
 ``pipesplit.passes.cpu_support.enable()`` lets the engine start.
 """
@@ -38,6 +44,7 @@ import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
 from paddle import nn
+from paddle.distributed.fleet.utils import recompute
 
 
 # -- meshes (as Paddle's test: a global mesh set with set_mesh, stage meshes cut from it) ------
@@ -83,6 +90,22 @@ def rotate_half(x):
     return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def rotary_tables(seq, head_dim, base=10000.0):
+    """cos / sin ``[seq, head_dim]`` of the rotary embedding, built from the positions 0..seq-1
+    (the model library's attention builds them itself)."""
+    inv_freq = 1.0 / (base ** (paddle.arange(0, head_dim, 2, dtype="float32") / head_dim))
+    freqs = paddle.arange(seq, dtype="float32").unsqueeze(-1) * inv_freq  # [s, d/2]
+    angles = paddle.concat([freqs, freqs], axis=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary_tables(q, k, position_ids, cos, sin):
+    """Rotary embedding of q, k ``[batch, seq, heads, head_dim]`` from the tables, gathered at
+    ``position_ids`` ``[batch, seq]``."""
+    cos, sin = (F.embedding(position_ids, table).unsqueeze(2) for table in (cos, sin))
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
 def apply_rotary(q, k, position_ids, base=10000.0):
     """Rotary position embedding of q, k ``[batch, seq, heads, head_dim]`` at ``position_ids``
     ``[batch, seq]``: the angles are computed here from the positions (no cached table)."""
@@ -95,9 +118,14 @@ def apply_rotary(q, k, position_ids, base=10000.0):
 
 
 class LlamaAttention(nn.Layer):
-    def __init__(self, hidden, heads, stage=None):
+    """``library``: as the model library's attention, the mask and the position ids (on the
+    global mesh) are resharded onto this layer's stage mesh here, and the rotary tables are
+    built here."""
+
+    def __init__(self, hidden, heads, stage=None, library=False):
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
+        self.stage, self.library = stage, library
         for name, placements in (("q_proj", COLWISE), ("k_proj", COLWISE), ("v_proj", COLWISE),
                                  ("o_proj", ROWWISE)):
             linear = nn.Linear(hidden, hidden, bias_attr=False)
@@ -105,11 +133,18 @@ class LlamaAttention(nn.Layer):
             setattr(self, name, linear)
 
     def forward(self, x, position_ids, attention_mask):
+        if self.library and self.stage is not None:
+            attention_mask = dist.reshard(attention_mask, get_mesh(self.stage), list(REPLICATED))
+            position_ids = dist.reshard(position_ids, get_mesh(self.stage), list(REPLICATED))
         shape = [0, 0, self.heads, self.head_dim]
         q = self.q_proj(x).reshape(shape)
         k = self.k_proj(x).reshape(shape)
         v = self.v_proj(x).reshape(shape)
-        q, k = apply_rotary(q, k, position_ids)
+        if self.library:
+            cos, sin = rotary_tables(x.shape[1], self.head_dim)
+            q, k = apply_rotary_tables(q, k, position_ids, cos, sin)
+        else:
+            q, k = apply_rotary(q, k, position_ids)
         q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))  # [b, heads, s, d]
         scores = paddle.matmul(q / math.sqrt(self.head_dim), k, transpose_y=True)
         probs = F.softmax(scores + attention_mask, axis=-1)
@@ -134,11 +169,11 @@ class LlamaMLP(nn.Layer):
 
 
 class LlamaDecoderLayer(nn.Layer):
-    def __init__(self, hidden, heads, intermediate, stage=None):
+    def __init__(self, hidden, heads, intermediate, stage=None, library=False):
         super().__init__()
         self.stage = stage
         self.input_layernorm = LlamaRMSNorm(hidden, stage=stage)
-        self.self_attn = LlamaAttention(hidden, heads, stage)
+        self.self_attn = LlamaAttention(hidden, heads, stage, library)
         self.post_attention_layernorm = LlamaRMSNorm(hidden, stage=stage)
         self.mlp = LlamaMLP(hidden, intermediate, stage)
 
@@ -158,19 +193,22 @@ def causal_mask(batch, seq, dtype="float32"):
 
 class LlamaForCausalLM(nn.Layer):
     """Embedding, decoder layers, final norm and LM head (a ``[hidden, vocab]`` parameter used
-    with matmul).  ``pp`` None builds the plain one-process model (the reference)."""
+    with matmul).  ``pp`` None builds the plain one-process model (the reference).  ``library``:
+    written as the model library's auto-parallel Llama (see the module's docstring)."""
 
-    def __init__(self, vocab, hidden, heads, intermediate, layers, pp=None):
+    def __init__(self, vocab, hidden, heads, intermediate, layers, pp=None, library=False,
+                 tie_embedding=False):
         super().__init__()
-        self.pp = pp
+        self.pp, self.library, self.tie_embedding = pp, library, tie_embedding
         stage_of = (lambda i: None) if pp is None else (lambda i: i * pp // layers)
         first, last = (None, None) if pp is None else (0, pp - 1)
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.embed_tokens.weight = place(self.embed_tokens.weight, first, COLWISE)
-        self.layers = nn.LayerList([LlamaDecoderLayer(hidden, heads, intermediate, stage_of(i))
-                                    for i in range(layers)])
+        self.layers = nn.LayerList([LlamaDecoderLayer(hidden, heads, intermediate, stage_of(i),
+                                                      library) for i in range(layers)])
         self.norm = LlamaRMSNorm(hidden, stage=last)
-        self.lm_head = place(self.create_parameter([hidden, vocab]), last, COLWISE)
+        if not tie_embedding:  # (tied: the head reads the embedding's weight, transposed)
+            self.lm_head = place(self.create_parameter([hidden, vocab]), last, COLWISE)
 
     def forward(self, input_ids):
         batch, seq = input_ids.shape
@@ -187,12 +225,21 @@ class LlamaForCausalLM(nn.Layer):
             layer_mask, layer_pos = mask, position_ids
             if self.pp is not None:
                 stage_mesh = get_mesh(layer.stage)
-                layer_mask = dist.reshard(mask, stage_mesh, list(REPLICATED))
-                layer_pos = dist.reshard(position_ids, stage_mesh, list(REPLICATED))
+                if not self.library:  # (the library's attention reshards them itself)
+                    layer_mask = dist.reshard(mask, stage_mesh, list(REPLICATED))
+                    layer_pos = dist.reshard(position_ids, stage_mesh, list(REPLICATED))
                 if i > 0 and layer.stage != self.layers[i - 1].stage:
                     x = dist.reshard(x, stage_mesh, list(ACTIVATION))
-            x = layer(x, layer_pos, layer_mask)
-        return paddle.matmul(self.norm(x), self.lm_head)
+            if self.library and self.training:
+                x = recompute(layer, x, layer_pos, layer_mask)
+            else:
+                x = layer(x, layer_pos, layer_mask)
+        if not self.tie_embedding:
+            return paddle.matmul(self.norm(x), self.lm_head)
+        weight = self.embed_tokens.weight
+        if self.pp is not None:  # the first stage's parameter, read on the last stage
+            weight = dist.reshard(weight, get_mesh(-1), list(REPLICATED))
+        return paddle.matmul(self.norm(x), weight, transpose_y=True)
 
 
 class LlamaCriterion(nn.Layer):
@@ -243,7 +290,8 @@ def make_optimizer(args, model):
 
 
 def make_strategy(args):
-    strategy = dist.Strategy()
+    # (the library's decoder layers run under recompute: the engine's recompute pass on)
+    strategy = dist.Strategy({"recompute": {"enable": args.style == "library"}})
     pipeline = strategy.pipeline
     pipeline.enable = True
     pipeline.schedule_mode = args.schedule
@@ -258,7 +306,8 @@ def make_strategy(args):
 def build(args, pp=None):
     paddle.seed(args.seed)  # the same whole parameters on every rank and in the reference
     return LlamaForCausalLM(args.vocab, args.hidden, args.heads, args.intermediate, args.layers,
-                            pp)
+                            pp, library=args.style == "library",
+                            tie_embedding=args.tie_embedding)
 
 
 def micro_batch_rows(args, step, k):
@@ -325,6 +374,13 @@ def parse_args(argv=None):
                         "(--paddle) clips the SUM of the micro-batch gradients, pipesplit and "
                         "the reference their average: compare --paddle with --clip 0")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--tie-embedding", action="store_true",
+                   help="the LM head reads the embedding's weight (resharded from the first "
+                        "stage's mesh onto the last's)")
+    p.add_argument("--style", choices=("test", "library"), default="test",
+                   help="test: as Paddle's auto-parallel Llama test (mask and positions "
+                        "resharded in the model); library: as the model library's (resharded "
+                        "inside each attention, rotary tables built there, recompute)")
     p.add_argument("--paddle", action="store_true",
                    help="use Paddle's own pipeline pass (FThenB, 1F1B, VPP) instead of pipesplit")
     p.add_argument("--json", help="write losses, reference_losses and the differences here")
@@ -413,9 +469,13 @@ def main(argv=None) -> int:
             "order_changed": None if replanned is None
             else replanned.before.job_order != replanned.after.job_order}
     everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
-    holder = next((r for r in everyone if r["losses"] is not None), None)
-    if holder is None:
-        raise RuntimeError("no rank returned a loss")
+    # as a trainer reads it: from the last pipeline stage, where every schedule returns it
+    last_stage = [int(r) for r in get_mesh(-1).process_ids]
+    loss_ranks = [r["rank"] for r in everyone if r["losses"] is not None]
+    holder = everyone[last_stage[0]]
+    if holder["losses"] is None:
+        raise RuntimeError(f"the last pipeline stage's rank {last_stage[0]} returned no loss "
+                           f"(ranks that did: {loss_ranks})")
     if rank == holder["rank"]:
         record = {"schedule": args.schedule, "paddle": args.paddle, "dp": args.dp,
                   "pp": args.pp, "mp": args.mp, "vpp": args.vpp, "m": args.m,
@@ -427,7 +487,9 @@ def main(argv=None) -> int:
                   "max_param_diff": max(r["max_param_diff"] for r in everyone),
                   "params_compared": sum(r["num_params"] for r in everyone),
                   "replanned_step": [r["replanned_step"] for r in everyone],
-                  "order_changed": [r["order_changed"] for r in everyone]}
+                  "order_changed": [r["order_changed"] for r in everyone],
+                  "loss_ranks": loss_ranks, "last_stage_ranks": last_stage,
+                  "style": args.style}
         print(f"llama {args.schedule}{' (paddle)' if args.paddle else ''} dp={args.dp} "
               f"pp={args.pp} mp={args.mp} vpp={args.vpp} m={args.m} {args.optimizer}: "
               f"max |loss - reference| {record['max_loss_diff']:.2e}, max |param - reference| "

@@ -133,6 +133,10 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
         if op.name() == "pd_op.send_v2":
             value = op.operand_source(0)
             paddle.pir.set_insertion_point(op)
+            if _is_parameter(value):
+                # (another stage reads this parameter, e.g. a tied embedding: a handoff of the
+                # parameter itself would rename the parameter's variable to the handoff's name)
+                value = _shared(value, op)
             paddle._C_ops.set_persistable_value(value, name)
             sink = block.ops[block.ops.index(op) - 1]  # the shadow_output just made
             sink.op_role = op.op_role
@@ -158,6 +162,22 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
                                                         dst_stage, ring)))
     paddle.pir.set_insertion_point_to_block_end(block)
     return out
+
+
+def _is_parameter(value) -> bool:
+    producer = value.get_defining_op() if value.initialized() else None
+    return producer is not None and producer.name() == "builtin.parameter"
+
+
+def _shared(value, op):
+    """A value sharing ``value``'s data, made right before ``op`` in ``op``'s job."""
+    import paddle
+
+    shared = paddle._C_ops.share_data_(value)
+    maker = shared.get_defining_op()
+    maker.op_role = op.op_role
+    maker.set_int_attr("chunk_id", op.chunk_id)
+    return shared
 
 
 def _pipeline_rank(pipe: Pipe, process: int, op_name: str, kind: str, chunk: int) -> int:

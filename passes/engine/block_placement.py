@@ -118,6 +118,7 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     if not seg_method:
         raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
                          f"(vpp_degree={pipeline_strategy.vpp_degree})")
+    hoist_layer_input_reshards(dist_program, seg_method)
     meshes = get_sub_process_mesh_by_program(dist_program)
     if not _blocks_in_model_order(dist_program.global_block().ops, seg_method, meshes):
         return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
@@ -138,6 +139,112 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
             op.erase()
     paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
     return True
+
+
+def hoist_layer_input_reshards(dist_program, seg_method) -> int:
+    """Move each reshard a block makes *inside* itself of a value from outside it onto another
+    mesh (the model library's attention takes the mask and the position ids from the global
+    mesh there) to just before the block's first op, out of the block; returns how many.
+
+    Paddle's chunk completion needs every op of a block on the block's mesh, and a moved block
+    must be moved whole: after this the program is written as if the model had resharded the
+    value before calling the block (Paddle's own Llama test does), which the placement serves
+    (:func:`_follow_reshard`). Reshards within one mesh (placements only) stay in the block."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
+
+    block = dist_program.global_block()
+    first_op_of = {}
+    hoisted = 0
+    for op in list(block.ops):
+        name = _extract_seg_method(op, seg_method)
+        if name is None:
+            continue
+        first_op_of.setdefault(name, op)
+        if op.name() != "dist_op.reshard" or not _changes_mesh(op):
+            continue
+        source = op.operand_source(0)
+        producer = source.get_defining_op() if source.initialized() else None
+        if producer is not None and _extract_seg_method(producer, seg_method) == name:
+            continue  # (a value of the block itself: it stays inside)
+        op.move_before(first_op_of[name])
+        op.erase_attr("struct_name")
+        hoisted += 1
+    return hoisted
+
+
+def check_blocks_on_one_mesh(dist_program, seg_method, state) -> None:
+    """Every op of a block on the block's one mesh, as Paddle's chunk completion needs (it
+    asserts "The segment's ops should have same process_mesh"): a ``ValueError`` naming the op,
+    the block and the meshes, before anything runs."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
+
+    mesh_of = {}
+    for op in dist_program.global_block().ops:
+        name = _extract_seg_method(op, seg_method)
+        if name is None or op.dist_attr is None:
+            continue
+        mesh = op.dist_attr.process_mesh
+        first = mesh_of.setdefault(name, (mesh, op.name()))
+        if first[0] != mesh:
+            raise ValueError(
+                f"strategy.pipeline.schedule_mode={state.requested!r} ({state.placement_kind} "
+                f"placement): block {name!r} ({seg_method}) has its {first[1]} on mesh "
+                f"{list(first[0].process_ids)} but a {op.name()} on mesh "
+                f"{list(mesh.process_ids)}; the schedule moves a block whole, so all its ops "
+                "must run on its mesh: do the work on another mesh outside the block")
+
+
+def check_parameters_read_elsewhere(dist_program, meshes, state) -> None:
+    """A parameter read on another stage through a reshard onto that stage's mesh (a tied
+    embedding read by the head, as ``dist.parallelize`` or a model writes it) rides the
+    forward transfer to the next stage with every micro-batch, its gradient the backward one
+    back: served when the reading stage is the next stage, or on the same rank (a V placement
+    brings the last stage back to the first's rank); otherwise a ``ValueError`` naming the
+    parameter and the two stages, before anything runs."""
+    placement = state.checked.placement
+    ops = dist_program.global_block().ops
+    chunk_of = None
+    for op in ops:
+        if op.name() != "dist_op.reshard" or not _changes_mesh(op):
+            continue
+        source = op.operand_source(0)
+        producer = source.get_defining_op() if source.initialized() else None
+        readers = op.result(0).all_used_ops()
+        src, dst = source.dist_attr().process_mesh, op.result(0).dist_attr().process_mesh
+        if producer is None or producer.name() != "builtin.parameter" or not readers \
+                or src not in meshes or dst not in meshes:
+            continue
+        chunk_of = chunk_of or _chunks_in_program_order(ops)
+        owners = [chunk_of[u.id()] for u in producer.result(0).all_used_ops() if u.id() != op.id()]
+        owner = placement.stage(meshes.index(src), min(owners, default=0))
+        reader = placement.stage(meshes.index(dst), min(chunk_of[u.id()] for u in readers))
+        if reader != owner + 1 and placement.rank_of(reader) != placement.rank_of(owner):
+            raise ValueError(
+                f"strategy.pipeline.schedule_mode={state.requested!r} ({placement.kind} "
+                f"placement, pp={placement.pp}, vpp={placement.vpp}): parameter "
+                f"{producer.attrs()['parameter_name']!r} of stage {owner} is read on stage "
+                f"{reader} (a dist.reshard onto its mesh, e.g. a tied embedding); pipesplit sends "
+                "a parameter to another rank along with the activations, so only to the next "
+                "stage: use a V placement (ZBV, DualPipeV: the first and the last stage share a "
+                "rank), one chunk per rank at pp_degree=2, or untie the weight")
+
+
+def _chunks_in_program_order(ops) -> dict:
+    """op id -> its chunk; an op the completion left without one (-1: the head and the loss
+    after the last block) is in the chunk of the op before it on its mesh (0 at the top)."""
+    last, out = {}, {}
+    for op in ops:
+        mesh = op.dist_attr.process_mesh if op.dist_attr is not None else None
+        given = op.dist_attr.chunk_id if op.dist_attr is not None else -1
+        chunk = given if given >= 0 else last.get(mesh, 0)
+        out[op.id()] = chunk
+        last[mesh] = chunk
+    return out
+
+
+def _changes_mesh(reshard) -> bool:
+    src, dst = reshard.operand_source(0).dist_attr(), reshard.result(0).dist_attr()
+    return src is not None and dst is not None and src.process_mesh != dst.process_mesh
 
 
 def _targets(dist_program, pipeline_strategy, state, meshes) -> dict:

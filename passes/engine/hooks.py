@@ -17,7 +17,9 @@ from typing import Dict, Optional
 from pipesplit.passes.transport.progress import failure_reason
 from pipesplit.passes.transport.p2p import backend_for, resolve_device
 
-from pipesplit.passes.engine.block_placement import assign_placement
+from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
+                                                     check_parameters_read_elsewhere)
+from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
 from pipesplit.passes.checks import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
@@ -238,6 +240,25 @@ def keep_plan_per_mode(original):
                                                        for key in _SHARED_BY_MODES})
         return result
     return _prepare_program
+
+
+def loss_on_the_last_stage(original):
+    """``Engine.run``: a train or eval step returns its loss on the last pipeline stage's
+    ranks, whatever the schedule's placement (:mod:`.loss_location`)."""
+    def run(self, *args, **kwargs):
+        logs = original(self, *args, **kwargs)
+        mode = kwargs.get("mode") or self._mode
+        state = served_state(self)
+        if mode not in LOSS_MODES or state is None or state.pipe is None \
+                or state.modes.get(mode) is None or state.checked is None:
+            return logs
+        import paddle.distributed as dist
+
+        if dist.get_world_size() == 1:  # (every rank emulated in one process)
+            return logs
+        return hand_the_loss_on(logs, state.pipe, state.checked.placement, dist.get_rank(),
+                                bool(self._strategy.return_numpy))
+    return run
 
 
 def name_a_failed_step(original):
@@ -478,17 +499,21 @@ def complete_chunk_id(original):
         check_labels_are_class_ids(dist_program)
         check_sequence_parallel(dist_program, int(pipeline_strategy.vpp_degree),
                                 cpu_build=cpu_support_needed())
-        if int(pipeline_strategy.vpp_degree) < 2:
-            return None
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
         meshes = get_sub_process_mesh_by_program(dist_program)
+        if int(pipeline_strategy.vpp_degree) < 2:
+            check_parameters_read_elsewhere(dist_program, meshes, state)
+            return None
         assign_placement(dist_program, pipeline_strategy, state)
+        check_blocks_on_one_mesh(dist_program, pipeline_strategy.vpp_seg_method, state)
         token = _COMPLETING_MESHES.set(meshes)
         try:
-            return original(dist_program, startup_program, pipeline_strategy)
+            completed = original(dist_program, startup_program, pipeline_strategy)
         finally:
             _COMPLETING_MESHES.reset(token)
+        check_parameters_read_elsewhere(dist_program, meshes, state)
+        return completed
     return complete_chunk_id
 
 

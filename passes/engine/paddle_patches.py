@@ -52,7 +52,9 @@ PATCHES = (
     Patch(f"{_ENGINE}.Engine", "__init__", engine_hooks.engine_init, "engine"),
     Patch(f"{_ENGINE}.Engine", "_prepare_program", engine_hooks.keep_plan_per_mode, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "to_mode", engine_hooks.switch_to_the_mode_plan, _ROUTES),
-    # the re-plan inside: a failure while measuring is named too
+    # the loss handed to the last stage innermost, then the re-plan: a failure while
+    # measuring is named too
+    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.loss_on_the_last_stage, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.measure_and_replan, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.name_a_failed_step, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "prepare", engine_hooks.whole_batch_spec, _ROUTES),

@@ -35,6 +35,10 @@ EXPECTED = {
                         "batch_size=8",
     "float_labels": "ValueError: the loss's cross_entropy (soft_label=False) reads the labels as "
                     "class indices, but they are float32",
+    "block_leaves_its_mesh": "ValueError: strategy.pipeline.schedule_mode='ZBV' (v placement): "
+                             "block 'DecoderBlock' (DecoderBlock) has its pd_op.full on mesh [0] "
+                             "but a dist_op.reshard on mesh [0, 1]; the schedule moves a block "
+                             "whole",
     "one_mesh_zbv": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                     "placed on 1 stage mesh(es): [0] ['pp']",
 }

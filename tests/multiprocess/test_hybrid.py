@@ -24,6 +24,7 @@ VPP_OF = {"VPP": 2, "InterleavedZB": 2, "ZBV": 2, "ZBVPP": 2, "DualPipeV": 2}
 EVERY_SCHEDULE = ["FThenB", "1F1B", "Eager1F1B", "VPP", "ZBH1", "ZBH2", "InterleavedZB", "ZBV",
                   "ZBVPP", "DualPipeV", "auto"]
 HYBRID_SCHEDULES = ["1F1B", "ZBH1", "VPP", "ZBV", "DualPipeV", "auto"]
+V_SCHEDULES = ["ZBV", "ZBVPP", "DualPipeV"]  # (the first and the last stage on one rank)
 
 
 def _args(mesh, schedule, *extra):
@@ -31,18 +32,28 @@ def _args(mesh, schedule, *extra):
             "--steps", "2", *extra]
 
 
-def _run_grid(tmp_path, configs, nproc):
+def _run_grid(tmp_path, configs, nproc, failing=()):
+    """{tag: record} of every configuration; those tagged in ``failing`` must raise, their
+    record the first line of what they raised."""
     from _launch import launch
 
     (tmp_path / "configs.json").write_text(json.dumps(configs))
-    done = launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, nproc=nproc)
-    assert done.returncode == 0, done.report()
-    return {tag: json.loads((tmp_path / f"{tag}.json").read_text()) for tag, _ in configs}
+    extra = ["--keep-going"] if failing else []
+    done = launch(tmp_path, GRID, tmp_path / "configs.json", tmp_path, *extra, nproc=nproc)
+    assert done.returncode == (1 if failing else 0), done.report()
+    records = {tag: json.loads((tmp_path / f"{tag}.json").read_text())
+               for tag, _ in configs if tag not in failing}
+    for tag in failing:
+        assert not (tmp_path / f"{tag}.json").exists(), tag
+        records[tag] = (tmp_path / f"{tag}.error").read_text().strip()
+    return records
 
 
 def _check(record, tag, params):
     tol = SGD_TOL if record["optimizer"] == "sgd" else ADAMW_TOL
     assert record["params_compared"] == params, tag
+    # the loss comes back where trainers read it, whatever the placement: the last stage
+    assert record["loss_ranks"] == record["last_stage_ranks"], (tag, record["loss_ranks"])
     assert len(record["losses"]) == 2 and len(record["losses"][0]) == 4, tag
     assert record["max_loss_diff"] <= tol, (tag, record["max_loss_diff"])
     assert record["max_param_diff"] <= tol, (tag, record["max_param_diff"])
@@ -58,9 +69,24 @@ def test_every_schedule_trains_llama_on_2d_stage_meshes(tmp_path):
                 for name in ("1F1B", "ZBV", "VPP")]
     configs += [("paddle_1F1B", _args(pp2, "1F1B", "--paddle", "--clip", "0")),
                 ("1F1B_noclip", _args(pp2, "1F1B", "--clip", "0"))]
-    records = _run_grid(tmp_path, configs, nproc=2)
+    # written as the model library writes it: reshards inside each attention, recompute
+    configs += [(f"library_{name}", _args(pp2, name, "--style", "library"))
+                for name in EVERY_SCHEDULE]
+    # the head reads the first stage's embedding weight (resharded onto the last stage's
+    # mesh): it rides to the next stage (one chunk per rank) or stays on the rank (V)
+    tied = [(f"tied_{name}", _args(pp2, name, "--tie-embedding", "--vpp",
+                                   "2" if name in V_SCHEDULES else "1"))
+            for name in EVERY_SCHEDULE]
+    # ... and cannot reach stage 3 of a looped vpp 2 placement: refused before anything runs
+    refused = [("tied_VPP_vpp2", _args(pp2, "VPP", "--tie-embedding"))]
+    records = _run_grid(tmp_path, configs + tied + refused, nproc=2, failing=["tied_VPP_vpp2"])
     for tag, _ in configs:
         _check(records[tag], tag, params=39)  # 9 per decoder layer x 4 + embedding, norm, head
+    for tag, _ in tied:
+        _check(records[tag], tag, params=38)  # (no head of its own)
+    assert records["tied_VPP_vpp2"].startswith(
+        "ValueError: strategy.pipeline.schedule_mode='VPP' (looped placement, pp=2, vpp=2): "
+        "parameter 'embedding_0.w_0.dist' of stage 0 is read on stage 3"), records["tied_VPP_vpp2"]
     ours, paddles = records["1F1B_noclip"]["losses"], records["paddle_1F1B"]["losses"]
     assert max(abs(a - b) for x, y in zip(ours, paddles) for a, b in zip(x, y)) <= ADAMW_TOL
 
@@ -78,9 +104,20 @@ def test_dp_and_mp_beside_the_pipeline_train_llama_like_the_reference(tmp_path):
     # optimizer states sharded over dp (dist.shard_optimizer, ZeRO stage 1 / 2)
     configs += [("dp_ZBV_sharding1", _args(["--dp", "2", "--pp", "2"], "ZBV", "--sharding", "1")),
                 ("dp_ZBH1_sharding2", _args(["--dp", "2", "--pp", "2"], "ZBH1", "--sharding", "2"))]
+    # the model library's way of writing it (reshards inside the layers), moved by V / looped
+    configs += [(f"{mesh_name}_library_{name}", _args(mesh, name, "--style", "library"))
+                for mesh_name, mesh in (("dp", ["--dp", "2", "--pp", "2"]),
+                                        ("mp", ["--mp", "2", "--pp", "2"]))
+                for name in ("ZBV", "VPP")]
+    configs += [(f"{mesh_name}_tied_{name}", _args(mesh, name, "--tie-embedding", "--vpp",
+                                                   "2" if name == "ZBV" else "1"))
+                for mesh_name, mesh in (("dp", ["--dp", "2", "--pp", "2"]),
+                                        ("mp", ["--mp", "2", "--pp", "2"]))
+                for name in ("ZBV", "1F1B")]
     records = _run_grid(tmp_path, configs, nproc=4)
     for tag, _ in configs:
-        _check(records[tag], tag, params=78)  # every rank's: dp replicas and mp shards
+        # every rank's: dp replicas and mp shards (a tied head has no weight of its own)
+        _check(records[tag], tag, params=76 if "_tied_" in tag else 78)
 
 
 # --------------------------------------------------------------------------- pure pieces

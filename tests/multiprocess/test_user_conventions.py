@@ -85,6 +85,10 @@ def _check(results: dict, world: int) -> None:
             continue
         holders = [r for r in ranks if r["max_loss_diff"] is not None]
         assert holders, f"{tag}: no rank returned a loss"
+        last_stage = sorted(r["rank"] for r in ranks
+                            if r["stage"] == r["config"]["pp"] - 1)
+        # where a trainer reads it, whatever the schedule's placement
+        assert sorted(r["rank"] for r in holders) == last_stage, tag
         for r in ranks:
             where = f"{tag} rank {r['rank']}"
             assert r["params_compared"] > 0, where
@@ -99,7 +103,8 @@ def _check(results: dict, world: int) -> None:
             if r["config"]["toggle_modes"] and r["eval_losses"] and r["eval_losses"][0] is not None:
                 assert r["max_eval_diff"] <= TOL, f"{where}: eval {r['eval_losses']}"
         if ranks[0]["config"]["toggle_modes"]:
-            assert any(r["eval_losses"] and r["eval_losses"][0] is not None for r in ranks), tag
+            assert sorted(r["rank"] for r in ranks if r["eval_losses"]
+                          and r["eval_losses"][0] is not None) == last_stage, tag
 
 
 @pytest.mark.slow

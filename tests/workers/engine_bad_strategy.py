@@ -65,7 +65,18 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
     "empty_loader": (None, ["--schedule", "ZBV"], "empty_loader"),
     "short_last_batch": (None, ["--schedule", "1F1B"], "short_last_batch"),
     "float_labels": (None, ["--schedule", "ZBV"], "float_labels"),
+    "block_leaves_its_mesh": (None, ["--schedule", "ZBV"], "block_leaves_its_mesh"),
 }
+
+
+def _leave_the_mesh(block, home, away):
+    """``block`` computes part of its output on another stage's mesh, inside itself."""
+    forward = block.forward
+
+    def forward_partly_elsewhere(x):
+        y = dist.reshard(forward(x), away, [dist.Replicate()]) * 1.0
+        return dist.reshard(y, home, [dist.Replicate()])
+    block.forward = forward_partly_elsewhere
 
 
 def run_case(change, argv, layout) -> str:
@@ -79,6 +90,8 @@ def run_case(change, argv, layout) -> str:
     if layout == "cpu_late":
         cpu_support.disable()
     model = example.build(args, block_mesh)
+    if layout == "block_leaves_its_mesh":
+        _leave_the_mesh(model.blocks[0], meshes[0], meshes[1])
     opt = example.make_optimizer(args, model.parameters())
     strategy = example.make_strategy(args)
     if change is not None:
