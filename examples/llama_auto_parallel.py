@@ -28,6 +28,13 @@ the layer's mesh *inside* each attention, the rotary tables built in the attenti
 decoder layers under ``paddle.distributed.fleet.utils.recompute`` (``strategy.recompute``
 on).  The schedules that move layers (VPP, ZBV, ...) move those reshards with them.
 
+``--parallelize prefix|points`` builds the plain model and sets it up with Paddle's
+intermediate API instead of placing every weight: ``dist.parallelize(model, optimizer,
+config={"pp_config": {"split_spec": ..., "global_spec": "global_inputs"}, "dp_config": ...,
+"mp_config": ...})``, the stages split by the layer-list prefix ``layers`` or by explicit split
+points; with ``--tie-embedding`` the head shares the embedding's weight as ``parallelize`` ties
+it (a reshard onto the last stage's mesh before the head runs).
+
 ``--paddle`` runs Paddle's own pipeline pass (FThenB, 1F1B, VPP) as a control.  On a CPU build,
 ``pipesplit.passes.cpu_support.enable()`` lets the engine start.
 """
@@ -191,26 +198,62 @@ def causal_mask(batch, seq, dtype="float32"):
                                                                    dtype)).astype(dtype)
 
 
+class GlobalInputs(nn.Layer):
+    """The causal mask and the position ids of a batch: the layer ``dist.parallelize``'s
+    ``global_spec`` names (its outputs go onto the global mesh; each layer takes them onto its
+    own stage's mesh)."""
+
+    def forward(self, input_ids):
+        batch, seq = input_ids.shape
+        position_ids = paddle.arange(seq, dtype="int64").unsqueeze(0).expand([batch, seq])
+        return causal_mask(batch, seq), position_ids
+
+
+class LlamaLMHead(nn.Layer):
+    """The output head: a ``[hidden, vocab]`` weight, or the embedding's ``[vocab, hidden]``
+    one when tied (read transposed)."""
+
+    def __init__(self, hidden, vocab, tied_weight=None):
+        super().__init__()
+        self.tied = tied_weight is not None
+        self.weight = tied_weight if self.tied else self.create_parameter([hidden, vocab])
+
+    def forward(self, x):
+        return paddle.matmul(x, self.weight, transpose_y=self.tied)
+
+
 class LlamaForCausalLM(nn.Layer):
     """Embedding, decoder layers, final norm and LM head (a ``[hidden, vocab]`` parameter used
     with matmul).  ``pp`` None builds the plain one-process model (the reference).  ``library``:
     written as the model library's auto-parallel Llama (see the module's docstring)."""
 
     def __init__(self, vocab, hidden, heads, intermediate, layers, pp=None, library=False,
-                 tie_embedding=False):
+                 tie_embedding=False, parallelize=False):
         super().__init__()
         self.pp, self.library, self.tie_embedding = pp, library, tie_embedding
+        self.parallelize = parallelize
         stage_of = (lambda i: None) if pp is None else (lambda i: i * pp // layers)
         first, last = (None, None) if pp is None else (0, pp - 1)
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.embed_tokens.weight = place(self.embed_tokens.weight, first, COLWISE)
+        if parallelize:  # (on the first stage, its outputs put on the global mesh)
+            self.global_inputs = GlobalInputs()
         self.layers = nn.LayerList([LlamaDecoderLayer(hidden, heads, intermediate, stage_of(i),
                                                       library) for i in range(layers)])
         self.norm = LlamaRMSNorm(hidden, stage=last)
-        if not tie_embedding:  # (tied: the head reads the embedding's weight, transposed)
+        if parallelize:  # (dist.parallelize places the weights: plain layers here)
+            self.lm_head = LlamaLMHead(hidden, vocab, self.embed_tokens.weight
+                                       if tie_embedding else None)
+        elif not tie_embedding:  # (tied: the head reads the embedding's weight, transposed)
             self.lm_head = place(self.create_parameter([hidden, vocab]), last, COLWISE)
 
     def forward(self, input_ids):
+        if self.parallelize:
+            x = self.embed_tokens(input_ids)
+            mask, position_ids = self.global_inputs(input_ids)
+            for layer in self.layers:
+                x = layer(x, position_ids, mask)
+            return self.lm_head(self.norm(x))
         batch, seq = input_ids.shape
         x = self.embed_tokens(input_ids)
         mask = causal_mask(batch, seq, x.dtype)
@@ -289,6 +332,33 @@ def make_optimizer(args, model):
                                   grad_clip=clip)
 
 
+def parallelize_config(args):
+    """``dist.parallelize``'s config, as Paddle's intermediate-API Llama test writes it."""
+    if args.parallelize == "prefix":
+        split_spec = "layers"
+    else:  # the last layer of each stage but the last ends it
+        split_spec = {f"layers.{(i + 1) * args.layers // args.pp - 1}": dist.SplitPoint.END
+                      for i in range(args.pp - 1)}
+    config = {"pp_config": {"split_spec": split_spec, "global_spec": "global_inputs"}}
+    if args.dp > 1:
+        config["dp_config"] = {"sharding_level": 0}
+    if args.mp > 1:
+        # (a tied weight stays whole over mp: the head reads it transposed)
+        ends = {} if args.tie_embedding else {
+            "embed_tokens": dist.ColWiseParallel(gather_output=True),
+            "lm_head.weight": dist.ColWiseParallel()}
+        config["mp_config"] = {"parallelize_plan": {
+            **ends,
+            "layers.*.self_attn.q_proj": dist.ColWiseParallel(gather_output=True),
+            "layers.*.self_attn.k_proj": dist.ColWiseParallel(gather_output=True),
+            "layers.*.self_attn.v_proj": dist.ColWiseParallel(gather_output=True),
+            "layers.*.self_attn.o_proj": dist.RowWiseParallel(is_input_parallel=False),
+            "layers.*.mlp.gate_proj": dist.ColWiseParallel(),
+            "layers.*.mlp.up_proj": dist.ColWiseParallel(),
+            "layers.*.mlp.down_proj": dist.RowWiseParallel()}}
+    return config
+
+
 def make_strategy(args):
     # (the library's decoder layers run under recompute: the engine's recompute pass on)
     strategy = dist.Strategy({"recompute": {"enable": args.style == "library"}})
@@ -307,7 +377,8 @@ def build(args, pp=None):
     paddle.seed(args.seed)  # the same whole parameters on every rank and in the reference
     return LlamaForCausalLM(args.vocab, args.hidden, args.heads, args.intermediate, args.layers,
                             pp, library=args.style == "library",
-                            tie_embedding=args.tie_embedding)
+                            tie_embedding=args.tie_embedding,
+                            parallelize=args.parallelize is not None)
 
 
 def micro_batch_rows(args, step, k):
@@ -374,6 +445,9 @@ def parse_args(argv=None):
                         "(--paddle) clips the SUM of the micro-batch gradients, pipesplit and "
                         "the reference their average: compare --paddle with --clip 0")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--parallelize", choices=("prefix", "points"), default=None,
+                   help="set the model up with dist.parallelize (split_spec: the layer list's "
+                        "prefix, or explicit split points) instead of placing its weights")
     p.add_argument("--tie-embedding", action="store_true",
                    help="the LM head reads the embedding's weight (resharded from the first "
                         "stage's mesh onto the last's)")
@@ -440,8 +514,13 @@ def main(argv=None) -> int:
         ["dp", "pp", "mp"])
     dist.auto_parallel.set_mesh(global_mesh)
 
-    model = build(args, args.pp)
-    opt = make_optimizer(args, model)
+    if args.parallelize:  # the intermediate API places the plain model
+        model = build(args)
+        model, opt = dist.parallelize(model, make_optimizer(args, model),
+                                      config=parallelize_config(args))
+    else:
+        model = build(args, args.pp)
+        opt = make_optimizer(args, model)
     if args.sharding:  # optimizer states sharded over dp (ZeRO stage 1 / 2)
         stage = dist.ShardingStage1 if args.sharding == 1 else dist.ShardingStage2
         opt = dist.shard_optimizer(opt, stage("dp", global_mesh))

@@ -133,9 +133,9 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
         if op.name() == "pd_op.send_v2":
             value = op.operand_source(0)
             paddle.pir.set_insertion_point(op)
-            if _is_parameter(value):
-                # (another stage reads this parameter, e.g. a tied embedding: a handoff of the
-                # parameter itself would rename the parameter's variable to the handoff's name)
+            if _is_source(value):
+                # (another stage reads a parameter (a tied embedding) or a feed: a handoff of
+                # the value itself would rename its variable to the handoff's name)
                 value = _shared(value, op)
             paddle._C_ops.set_persistable_value(value, name)
             sink = block.ops[block.ops.index(op) - 1]  # the shadow_output just made
@@ -164,9 +164,13 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
     return out
 
 
-def _is_parameter(value) -> bool:
+#: ops whose value is a variable of the scope by its own name (a parameter, a feed)
+_SCOPE_SOURCES = ("builtin.parameter", "pd_op.data")
+
+
+def _is_source(value) -> bool:
     producer = value.get_defining_op() if value.initialized() else None
-    return producer is not None and producer.name() == "builtin.parameter"
+    return producer is not None and producer.name() in _SCOPE_SOURCES
 
 
 def _shared(value, op):

@@ -428,6 +428,9 @@ def _follow_reshard(op, index, reshard, mesh, target, moved) -> None:
         own = paddle.distributed.reshard(_copy_of_feed(source, op) if feed else source, mesh,
                                          result.dist_attr().placements)
         own.get_defining_op().op_role = reshard.op_role
+        if reshard.has_attr("struct_name"):  # (inside a block: it stays in the block, whose
+            # ops the chunk completion counts by name)
+            own.get_defining_op().set_str_attr("struct_name", reshard.attrs()["struct_name"])
         moved[key] = (own, src_attr if moving or feed else None, src_mesh, mesh,
                       target[op.id()][1], result.dist_attr(), op.id() if feed else None)
     op.operand(index).set_source(moved[key][0])

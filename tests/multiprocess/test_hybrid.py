@@ -59,65 +59,139 @@ def _check(record, tag, params):
     assert record["max_param_diff"] <= tol, (tag, record["max_param_diff"])
 
 
+PP2 = ["--pp", "2"]
+DP2, MP2 = ["--dp", "2", "--pp", "2"], ["--mp", "2", "--pp", "2"]
+#: tied: the head reads the first stage's embedding weight through a reshard onto the last
+#: stage's mesh; it rides to the next stage (one chunk per rank) or stays on the rank (V)
+TIED = ["--tie-embedding"]
+
+
+def _vpp_for_tied(name):
+    return ["--vpp", "2" if name in V_SCHEDULES else "1"]
+
+
+def _two_process_configs():
+    """Every 2-process configuration, by the test that checks it (one launch runs them all)."""
+    return {
+        "schedules": [(name, _args(PP2, name)) for name in EVERY_SCHEDULE]
+        + [(f"{name}_sgd", _args(PP2, name, "--optimizer", "sgd")) for name in ("1F1B", "ZBV", "VPP")]
+        + [("paddle_1F1B", _args(PP2, "1F1B", "--paddle", "--clip", "0")),
+           ("1F1B_noclip", _args(PP2, "1F1B", "--clip", "0"))],
+        "library": [(f"library_{name}", _args(PP2, name, "--style", "library"))
+                    for name in EVERY_SCHEDULE],
+        "tied": [(f"tied_{name}", _args(PP2, name, *TIED, *_vpp_for_tied(name)))
+                 for name in ("1F1B", "ZBH1", "ZBV", "DualPipeV")],
+        "parallelize": [(f"parallelize_{name}", _args(PP2, name, "--parallelize", "prefix"))
+                        for name in EVERY_SCHEDULE]
+        + [(f"parallelize_tied_{name}", _args(PP2, name, "--parallelize", "points", *TIED,
+                                              *_vpp_for_tied(name)))
+           for name in ("1F1B", "ZBH1", "VPP", "auto", "ZBV", "DualPipeV")],
+        # a looped vpp 2 placement puts the head on stage 3: refused before anything runs
+        "refused": [("tied_VPP_vpp2", _args(PP2, "VPP", *TIED)),
+                    ("parallelize_tied_VPP_vpp2", _args(PP2, "VPP", "--parallelize", "points",
+                                                        *TIED))],
+    }
+
+
+def _four_process_configs():
+    schedules = []
+    for mesh_name, mesh in (("dp", DP2), ("mp", MP2)):
+        schedules += [(f"{mesh_name}_{name}", _args(mesh, name)) for name in HYBRID_SCHEDULES]
+        schedules.append((f"{mesh_name}_ZBV_sgd", _args(mesh, "ZBV", "--optimizer", "sgd")))
+    # optimizer states sharded over dp (dist.shard_optimizer, ZeRO stage 1 / 2)
+    schedules += [("dp_ZBV_sharding1", _args(DP2, "ZBV", "--sharding", "1")),
+                  ("dp_ZBH1_sharding2", _args(DP2, "ZBH1", "--sharding", "2"))]
+    return {
+        "schedules": schedules,
+        "library": [(f"{mesh_name}_library_{name}", _args(mesh, name, "--style", "library"))
+                    for mesh_name, mesh in (("dp", DP2), ("mp", MP2)) for name in ("ZBV", "VPP")],
+        "tied": [("dp_tied_ZBV", _args(DP2, "ZBV", *TIED)),
+                 ("mp_tied_1F1B", _args(MP2, "1F1B", *TIED))],
+        "parallelize": [("dp_parallelize_tied_ZBV", _args(DP2, "ZBV", "--parallelize", "prefix",
+                                                          *TIED)),
+                        ("dp_parallelize_VPP", _args(DP2, "VPP", "--parallelize", "points")),
+                        ("mp_parallelize_tied_1F1B", _args(MP2, "1F1B", "--parallelize",
+                                                           "points", *TIED)),
+                        ("mp_parallelize_VPP", _args(MP2, "VPP", "--parallelize", "prefix"))],
+    }
+
+
+def _launched(tmp_path_factory, name, groups, nproc):
+    configs = [config for group in groups.values() for config in group]
+    failing = [tag for tag, _ in groups.get("refused", [])]
+    return _run_grid(tmp_path_factory.mktemp(name), configs, nproc=nproc, failing=failing)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    return _launched(tmp_path_factory, "llama_pp2", _two_process_configs(), nproc=2)
+
+
+@pytest.fixture(scope="module")
+def four_processes(tmp_path_factory):
+    return _launched(tmp_path_factory, "llama_4", _four_process_configs(), nproc=4)
+
+
+def _check_group(records, configs, params):
+    """``params``: the parameters compared over every rank, 39 per copy of the model (dp
+    replicas and mp shards each count); a tied head has no weight of its own."""
+    for tag, _ in configs:
+        _check(records[tag], tag, params=params - (params // 39 if "tied" in tag else 0))
+
+
 @pytest.mark.slow
-def test_every_schedule_trains_llama_on_2d_stage_meshes(tmp_path):
+def test_every_schedule_trains_llama_on_2d_stage_meshes(two_processes):
     """pp = 2, stage meshes ``(dp=1, mp=1)`` as Paddle's own Llama test builds them; Paddle's
     own 1F1B (no clipping: it clips the sum of the micro-batch gradients) as a control."""
-    pp2 = ["--pp", "2"]
-    configs = [(name, _args(pp2, name)) for name in EVERY_SCHEDULE]
-    configs += [(f"{name}_sgd", _args(pp2, name, "--optimizer", "sgd"))
-                for name in ("1F1B", "ZBV", "VPP")]
-    configs += [("paddle_1F1B", _args(pp2, "1F1B", "--paddle", "--clip", "0")),
-                ("1F1B_noclip", _args(pp2, "1F1B", "--clip", "0"))]
-    # written as the model library writes it: reshards inside each attention, recompute
-    configs += [(f"library_{name}", _args(pp2, name, "--style", "library"))
-                for name in EVERY_SCHEDULE]
-    # the head reads the first stage's embedding weight (resharded onto the last stage's
-    # mesh): it rides to the next stage (one chunk per rank) or stays on the rank (V)
-    tied = [(f"tied_{name}", _args(pp2, name, "--tie-embedding", "--vpp",
-                                   "2" if name in V_SCHEDULES else "1"))
-            for name in EVERY_SCHEDULE]
-    # ... and cannot reach stage 3 of a looped vpp 2 placement: refused before anything runs
-    refused = [("tied_VPP_vpp2", _args(pp2, "VPP", "--tie-embedding"))]
-    records = _run_grid(tmp_path, configs + tied + refused, nproc=2, failing=["tied_VPP_vpp2"])
-    for tag, _ in configs:
-        _check(records[tag], tag, params=39)  # 9 per decoder layer x 4 + embedding, norm, head
-    for tag, _ in tied:
-        _check(records[tag], tag, params=38)  # (no head of its own)
-    assert records["tied_VPP_vpp2"].startswith(
-        "ValueError: strategy.pipeline.schedule_mode='VPP' (looped placement, pp=2, vpp=2): "
-        "parameter 'embedding_0.w_0.dist' of stage 0 is read on stage 3"), records["tied_VPP_vpp2"]
-    ours, paddles = records["1F1B_noclip"]["losses"], records["paddle_1F1B"]["losses"]
+    _check_group(two_processes, _two_process_configs()["schedules"], params=39)
+    ours, paddles = two_processes["1F1B_noclip"]["losses"], two_processes["paddle_1F1B"]["losses"]
     assert max(abs(a - b) for x, y in zip(ours, paddles) for a, b in zip(x, y)) <= ADAMW_TOL
 
 
 @pytest.mark.slow
-def test_dp_and_mp_beside_the_pipeline_train_llama_like_the_reference(tmp_path):
+def test_the_model_library_s_way_of_writing_llama_trains_with_every_schedule(two_processes):
+    """Reshards inside each attention (of the mask and positions from the global mesh), rotary
+    tables built there, recompute on the decoder layers: the V and looped placements move the
+    layers whole, and the loss comes back on the last stage's ranks."""
+    _check_group(two_processes, _two_process_configs()["library"], params=39)
+
+
+@pytest.mark.slow
+def test_a_parameter_read_on_another_stage_trains_or_is_refused_by_name(two_processes):
+    _check_group(two_processes, _two_process_configs()["tied"], params=39)
+    for tag in ("tied_VPP_vpp2", "parallelize_tied_VPP_vpp2"):
+        assert two_processes[tag].startswith(
+            "ValueError: strategy.pipeline.schedule_mode='VPP' (looped placement, pp=2, vpp=2): "
+            "parameter 'embedding_0.w_0.dist' of stage 0 is read on stage 3"), two_processes[tag]
+
+
+@pytest.mark.slow
+def test_a_model_set_up_by_dist_parallelize_trains_with_every_schedule(two_processes):
+    """Paddle's intermediate API: the plain model, ``dist.parallelize`` with ``pp_config``
+    (the layer list's prefix, or explicit split points; the mask and positions from a
+    ``global_spec`` layer), every schedule; the embedding tied to the head as ``parallelize``
+    ties it (a reshard onto the last stage before the head) for the schedules that failed on
+    it."""
+    _check_group(two_processes, _two_process_configs()["parallelize"], params=39)
+
+
+@pytest.mark.slow
+def test_dp_and_mp_beside_the_pipeline_train_llama_like_the_reference(four_processes):
     """dp2 x pp2 and mp2 x pp2 on four CPU processes, in one launch: peers by mesh
     coordinate (not rank +- 1), the engine's dp gradient all-reduce after the last W (and the
     sharded optimizer's all-gathers), mp collectives inside F / B, all on the CPU world-ring
     transport; no fleet groups (started as docs/engine_usage.md's command is)."""
-    configs = []
-    for mesh_name, mesh in (("dp", ["--dp", "2", "--pp", "2"]), ("mp", ["--mp", "2", "--pp", "2"])):
-        configs += [(f"{mesh_name}_{name}", _args(mesh, name)) for name in HYBRID_SCHEDULES]
-        configs.append((f"{mesh_name}_ZBV_sgd", _args(mesh, "ZBV", "--optimizer", "sgd")))
-    # optimizer states sharded over dp (dist.shard_optimizer, ZeRO stage 1 / 2)
-    configs += [("dp_ZBV_sharding1", _args(["--dp", "2", "--pp", "2"], "ZBV", "--sharding", "1")),
-                ("dp_ZBH1_sharding2", _args(["--dp", "2", "--pp", "2"], "ZBH1", "--sharding", "2"))]
-    # the model library's way of writing it (reshards inside the layers), moved by V / looped
-    configs += [(f"{mesh_name}_library_{name}", _args(mesh, name, "--style", "library"))
-                for mesh_name, mesh in (("dp", ["--dp", "2", "--pp", "2"]),
-                                        ("mp", ["--mp", "2", "--pp", "2"]))
-                for name in ("ZBV", "VPP")]
-    configs += [(f"{mesh_name}_tied_{name}", _args(mesh, name, "--tie-embedding", "--vpp",
-                                                   "2" if name == "ZBV" else "1"))
-                for mesh_name, mesh in (("dp", ["--dp", "2", "--pp", "2"]),
-                                        ("mp", ["--mp", "2", "--pp", "2"]))
-                for name in ("ZBV", "1F1B")]
-    records = _run_grid(tmp_path, configs, nproc=4)
-    for tag, _ in configs:
-        # every rank's: dp replicas and mp shards (a tied head has no weight of its own)
-        _check(records[tag], tag, params=76 if "_tied_" in tag else 78)
+    groups = _four_process_configs()
+    for name in ("schedules", "library", "tied"):
+        _check_group(four_processes, groups[name], params=78)  # every rank's: replicas, shards
+
+
+@pytest.mark.slow
+def test_dist_parallelize_with_dp_or_mp_beside_the_pipeline(four_processes):
+    """``parallelize``'s ``dp_config`` / ``mp_config`` beside its ``pp_config``: ZBV with the
+    embedding tied, VPP (vpp 2: the blocks of ``parallelize``'s stages moved as for hand-placed
+    models) and 1F1B tied."""
+    _check_group(four_processes, _four_process_configs()["parallelize"], params=78)
 
 
 # --------------------------------------------------------------------------- pure pieces
