@@ -147,14 +147,22 @@ def keep_the_name_generator(original):
     built after it are named as the first model's (``linear_0.w_0`` again).  Paddle's engines
     keep parameters in one scope BY NAME: two such DistModels would share their parameters and
     both train wrong, silently.  The generator of the caller is kept on instead, as if the call
-    had not switched modes (a script's own ``unique_name.guard`` is left as it is)."""
+    had not switched modes (a script's own ``unique_name.guard`` is left as it is).  A call
+    that raises (a refused setup) leaves dygraph mode on as it found it: Paddle would leave
+    the static mode on, and the next model the script builds would crash the process."""
     @functools.wraps(original)
     def kept(*args, **kwargs):
+        import paddle
         from paddle.base import unique_name
 
         before = unique_name.generator, unique_name.dygraph_parameter_name_checker
+        dygraph = paddle.in_dynamic_mode()
         try:
             return original(*args, **kwargs)
+        except Exception:
+            if dygraph and not paddle.in_dynamic_mode():
+                paddle.disable_static()
+            raise
         finally:
             unique_name.switch(*before)
     return kept
