@@ -51,8 +51,9 @@ def test_gpt_adam_m_multiple_of_pp(name, pp, vpp, m, split_backward):
 
 
 @pytest.mark.parametrize("kind, optimizer", [("gpt", "sgd"), ("mlp", "adam")])
-@pytest.mark.parametrize("name, pp, vpp, m", [("VPP", 4, 2, 5), ("ZBV", 2, 2, 4),
-                                              ("1F1B", 4, 1, 8), ("DualPipeV", 2, 2, 3)])
+@pytest.mark.parametrize("name, pp, vpp, m", [
+    pytest.param("VPP", 4, 2, 5, marks=pytest.mark.slow), ("ZBV", 2, 2, 4),
+    pytest.param("1F1B", 4, 1, 8, marks=pytest.mark.slow), ("DualPipeV", 2, 2, 3)])
 def test_other_model_optimizer_pairs(kind, optimizer, name, pp, vpp, m):
     assert_matches_unsplit(kind, optimizer, name, pp, vpp, m, split_backward=True)
 
