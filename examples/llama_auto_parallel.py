@@ -546,7 +546,8 @@ def main(argv=None) -> int:
             "num_params": len(diffs),  # auto re-plans once with the costs it measured
             "replanned_step": None if replanned is None else replanned.step,
             "order_changed": None if replanned is None
-            else replanned.before.job_order != replanned.after.job_order}
+            else replanned.before.job_order != replanned.after.job_order,
+            **({} if args.paddle else transfers_of(pipesplit_strategy.plan_of(dist_model)))}
     everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
     # as a trainer reads it: from the last pipeline stage, where every schedule returns it
     last_stage = [int(r) for r in get_mesh(-1).process_ids]
@@ -568,6 +569,8 @@ def main(argv=None) -> int:
                   "replanned_step": [r["replanned_step"] for r in everyone],
                   "order_changed": [r["order_changed"] for r in everyone],
                   "loss_ranks": loss_ranks, "last_stage_ranks": last_stage,
+                  "step_jobs": [r.get("step_jobs") for r in everyone],
+                  "micro_batch_transfers": [r.get("micro_batch_transfers") for r in everyone],
                   "style": args.style}
         print(f"llama {args.schedule}{' (paddle)' if args.paddle else ''} dp={args.dp} "
               f"pp={args.pp} mp={args.mp} vpp={args.vpp} m={args.m} {args.optimizer}: "
@@ -580,6 +583,28 @@ def main(argv=None) -> int:
     # rank 0 hosts the store: keep it until all are done
     exchange(rank, world, {}, key=f"{args.tag}/done")
     return 0
+
+
+#: the comm ops of a transfer and which of their values it carries
+_CARRIED = {"pd_op.broadcast_": "result", "pd_op.all_gather": "operand",
+            "pd_op.send_v2": "operand", "pd_op.recv_v2": "result"}
+
+
+def transfers_of(plan):
+    """What this rank's training plan sends: the jobs that run once per step beside the
+    optimizer (a weight another stage reads goes in ``shared_weights``, its gradient in
+    ``shared_grads``), and the shapes the per-micro-batch send / recv jobs carry."""
+    step_jobs = [t for t, _ in plan.job_order if t.startswith("shared_")]
+    shapes = set()
+    for job_type, program in plan.split.programs.items():
+        if not job_type.startswith(("send_", "recv_")):
+            continue
+        for op in program.global_block().ops:
+            side = _CARRIED.get(op.name())
+            if side is not None:
+                value = op.result(0) if side == "result" else op.operand_source(0)
+                shapes.add(tuple(value.shape))
+    return {"step_jobs": step_jobs, "micro_batch_transfers": sorted(shapes)}
 
 
 def local_parameters(dist_model):

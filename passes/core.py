@@ -7,8 +7,8 @@ as Paddle's auto-parallel engine partitioned it).  None of them imports another.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import FrozenSet, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from pipesplit.job_list import Schedule
 from pipesplit.job_list.opening import OpenedSchedule
@@ -44,6 +44,9 @@ class PipelinePlan:
     timing: Optional[SimResult] = None
     # the engine path: the engine's program the plan was built from (a re-plan builds again)
     source_program: Optional[object] = None
+    # the engine path: persistable scope variables the plan's step jobs need (name -> PIR
+    # type), created in the engine's scope before the first step
+    scope_variables: Dict[str, object] = field(default_factory=dict)
 
     def simulate(self, costs=None) -> SimResult:
         """The schedule's simulated times: the plan's own for the config's costs (latency

@@ -24,7 +24,7 @@ micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
@@ -44,6 +44,10 @@ paddle = require_supported_paddle()
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
+from pipesplit.passes.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
+                                                SharedOnThisRank, SharedParameter,
+                                                serve_shared_parameters, step_transfers)
+from pipesplit.passes.transport.step_exchange import step_program  # noqa: E402
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
 from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency, build_comm_program,  # noqa: E402
                                     first_user, p2p_to_gloo_broadcasts, producer_of)
@@ -285,11 +289,14 @@ def _pipeline_transport(programs, found, opened, config, pipe, backend, transpor
 
 
 def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
-                           pipe: Optional[Pipe] = None, built=None) -> PipelinePlan:
+                           pipe: Optional[Pipe] = None, built=None,
+                           shared: Sequence[SharedParameter] = ()) -> PipelinePlan:
     """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
     modified).  ``backend``: "gloo" (CPU: broadcasts on ring 0) or "nccl".  ``pipe``: this
     process's pipeline (which process runs each pipeline rank; default one process per stage,
-    pipeline rank = process).  ``built``: the schedule the strategy check built."""
+    pipeline rank = process).  ``built``: the schedule the strategy check built.  ``shared``:
+    the parameters read on another stage's rank (sent once per step:
+    :mod:`pipesplit.passes.shared_parameters`)."""
     rank = config.pp_stage
     if rank is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
@@ -300,9 +307,12 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     opened = open_schedule(config, main_program, built)
     schedule, lowered = opened.schedule, opened.lowered
     found: List[EngineTransfer] = []
+    here = SharedOnThisRank()
 
     def prepare(work):
+        nonlocal here
         localize_chunks(work, config.vpp_degree)
+        here = serve_shared_parameters(work, rank, schedule.placement, pipe, shared, _ring_of)
         found.extend(p2p_to_handoffs(work, rank, schedule, pipe))
 
     split, report = split_sub_programs(main_program, config, num_chunks=config.vpp_degree,
@@ -312,18 +322,45 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     programs = dict(split.programs)
     if OPTIMIZER in programs:  # (evaluation and prediction have none)
         clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
-    transport = pick_transport(backend, paddle.distributed.get_world_size(), config.pp_degree,
-                               _optimizer_exchanges(programs))
+    world = paddle.distributed.get_world_size()
+    transport = pick_transport(backend, world, config.pp_degree, _optimizer_exchanges(programs))
     if transport == LOCKSTEP:
         job_order = hybrid_world_ring(programs, found, opened, config, pipe)
         progress = CommProgress()  # (its lockstep jobs count no progress)
     else:
         job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,
                                                   backend, transport)
-    if OPTIMIZER in programs:
-        job_order.append((OPTIMIZER, 0))
+    job_order = _with_step_exchanges(job_order, programs, shared, here, schedule.placement,
+                                     pipe, pipe.process_of(rank), transport, world)
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     plan = make_plan(job_order, used, config.num_micro_batches)
     split.programs = programs
     return PipelinePlan(config, schedule, lowered, job_order, split, plan, report,
-                        comm_progress=progress, timing=opened.timing)
+                        comm_progress=progress, timing=opened.timing,
+                        scope_variables=dict(here.scope_variables))
+
+
+def _ring_of(op) -> Tuple[int, Tuple[int, ...]]:
+    ring_id = int(op.attrs()["ring_id"])
+    return ring_id, _ring_ranks(ring_id)
+
+
+def _with_step_exchanges(job_order, programs, shared, here: SharedOnThisRank, placement,
+                         pipe: Pipe, process: int, transport: str, world: int
+                         ) -> List[Tuple[str, int]]:
+    """``job_order`` with the step's shared-parameter exchanges (their programs added to
+    ``programs``): the weights before the first job, their gradients just before the
+    optimizer, which comes last."""
+    for phase in (SHARED_WEIGHTS, SHARED_GRADS):
+        if phase == SHARED_GRADS and OPTIMIZER not in programs:
+            continue  # (evaluation and prediction send no gradients)
+        program = step_program(step_transfers(shared, placement, pipe, phase, here),
+                               process, transport, world,
+                               here.zeroed.items() if phase == SHARED_WEIGHTS else ())
+        if program is not None:
+            programs[phase] = program
+    order = ([(SHARED_WEIGHTS, 0)] if SHARED_WEIGHTS in programs else []) + list(job_order)
+    if OPTIMIZER in programs:
+        order += [(SHARED_GRADS, 0)] if SHARED_GRADS in programs else []
+        order.append((OPTIMIZER, 0))
+    return order

@@ -38,7 +38,7 @@ require_supported_paddle()
 
 __all__ = ["Replanned", "check_strategy", "config_from_strategy", "disable_strategy",
            "enable_strategy", "is_strategy_enabled", "last_pipeline", "measure_costs",
-           "pipe_from_strategy", "pipeline_pass", "record_pipe", "replan", "replanned",
+           "pipe_from_strategy", "pipeline_pass", "plan_of", "record_pipe", "replan", "replanned",
            "requested_schedule", "use_costs"]
 
 _GROUP = "engine"
@@ -97,3 +97,14 @@ def replanned(dist_model):
     measured, the costs, the plans before and after), or None."""
     state = engine_state(_engine_of(dist_model))
     return None if state is None else state.replanned
+
+
+def plan_of(dist_model, mode: str = "train"):
+    """The :class:`~pipesplit.passes.core.PipelinePlan` ``dist_model`` runs in ``mode``
+    ("train", "eval" or "predict") on this process: its ``job_order``, sub-programs
+    (``split.programs``) and schedule; None before the engine prepared that mode, or for
+    Paddle's own schedules."""
+    if mode not in ("train", "eval", "predict"):
+        raise ValueError(f"mode must be 'train', 'eval' or 'predict', got {mode!r}")
+    state = engine_state(_engine_of(dist_model))
+    return None if state is None else state.pipeline_of(mode)

@@ -194,16 +194,19 @@ def check_blocks_on_one_mesh(dist_program, seg_method, state) -> None:
                 "must run on its mesh: do the work on another mesh outside the block")
 
 
-def check_parameters_read_elsewhere(dist_program, meshes, state) -> None:
-    """A parameter read on another stage through a reshard onto that stage's mesh (a tied
-    embedding read by the head, as ``dist.parallelize`` or a model writes it) rides the
-    forward transfer to the next stage with every micro-batch, its gradient the backward one
-    back: served when the reading stage is the next stage, or on the same rank (a V placement
-    brings the last stage back to the first's rank); otherwise a ``ValueError`` naming the
-    parameter and the two stages, before anything runs."""
+def parameters_read_elsewhere(dist_program, meshes, state) -> tuple:
+    """The parameters read on another stage through a reshard onto that stage's mesh (a tied
+    embedding read by the head, as ``dist.parallelize`` or a model writes it), one
+    :class:`~pipesplit.passes.shared_parameters.SharedParameter` per (parameter, reading
+    stage), sorted; readers on the owner's rank (a V placement brings the last stage back to
+    the first's) need no transfer and are left out.  Each plan sends the weight once per step
+    and returns its gradient once (:mod:`pipesplit.passes.shared_parameters`)."""
+    from pipesplit.passes.shared_parameters import SharedParameter
+
     placement = state.checked.placement
     ops = dist_program.global_block().ops
     chunk_of = None
+    found = set()
     for op in ops:
         if op.name() != "dist_op.reshard" or not _changes_mesh(op):
             continue
@@ -218,15 +221,13 @@ def check_parameters_read_elsewhere(dist_program, meshes, state) -> None:
         owners = [chunk_of[u.id()] for u in producer.result(0).all_used_ops() if u.id() != op.id()]
         owner = placement.stage(meshes.index(src), min(owners, default=0))
         reader = placement.stage(meshes.index(dst), min(chunk_of[u.id()] for u in readers))
-        if reader != owner + 1 and placement.rank_of(reader) != placement.rank_of(owner):
-            raise ValueError(
-                f"strategy.pipeline.schedule_mode={state.requested!r} ({placement.kind} "
-                f"placement, pp={placement.pp}, vpp={placement.vpp}): parameter "
-                f"{producer.attrs()['parameter_name']!r} of stage {owner} is read on stage "
-                f"{reader} (a dist.reshard onto its mesh, e.g. a tied embedding); pipesplit sends "
-                "a parameter to another rank along with the activations, so only to the next "
-                "stage: use a V placement (ZBV, DualPipeV: the first and the last stage share a "
-                "rank), one chunk per rank at pp_degree=2, or untie the weight")
+        if placement.rank_of(reader) == placement.rank_of(owner):
+            continue
+        found.add(SharedParameter(producer.attrs()["parameter_name"],
+                                  tuple(int(d) for d in source._local_shape),
+                                  str(source.dtype), owner, reader,
+                                  tuple(int(d) for d in op.result(0)._local_shape)))
+    return tuple(sorted(found))
 
 
 def _chunks_in_program_order(ops) -> dict:

@@ -16,9 +16,10 @@ from typing import Dict, Optional
 
 from pipesplit.passes.transport.progress import failure_reason
 from pipesplit.passes.transport.p2p import backend_for, resolve_device
+from pipesplit.passes.transport.step_exchange import create_scope_variables
 
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
-                                                     check_parameters_read_elsewhere)
+                                                     parameters_read_elsewhere)
 from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
 from pipesplit.passes.checks import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
@@ -68,9 +69,7 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
         config = config_from_strategy(pipeline_strategy)
         if config.pp_stage is None:
             raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
-        built = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
-                                       pipe_from_strategy(pipeline_strategy), built=state.checked)
-        built.source_program = main
+        built = engine_rank_plan(main, config, pipeline_strategy, state, built=state.checked)
     else:
         built = split_and_schedule(main, _single(dense_startup_program, ""),
                                    config_from_strategy(pipeline_strategy),
@@ -79,6 +78,20 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
         state.built = built
     _LAST_PIPELINE.set(built)
     return built.plan
+
+
+def engine_rank_plan(main, config, pipeline_strategy, state: EngineState, built=None):
+    """This rank's plan from the engine's program ``main``; the scope variables its step jobs
+    read and write (:mod:`pipesplit.passes.shared_parameters`) are made in the engine's scope
+    (Paddle's global scope), zeroed."""
+    import paddle
+
+    plan = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
+                                  pipe_from_strategy(pipeline_strategy), built=built,
+                                  shared=state.shared_parameters)
+    plan.source_program = main
+    create_scope_variables(paddle.static.global_scope(), plan.scope_variables.items())
+    return plan
 
 
 def route_the_pipeline_pass(original):
@@ -332,11 +345,8 @@ def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
     import paddle
 
     with paddle.base.framework._dygraph_guard(None):  # programs are built in static mode
-        after = build_engine_rank_plan(before.source_program,
-                                       replace(before.config, costs=costs),
-                                       backend_for(resolve_device("auto")),
-                                       pipe_from_strategy(engine._strategy.pipeline))
-    after.source_program = before.source_program
+        after = engine_rank_plan(before.source_program, replace(before.config, costs=costs),
+                                 engine._strategy.pipeline, state)
     state.modes["train"].pipeline = after
     if engine._mode == "train":
         engine._job_plan = after.plan
@@ -511,7 +521,7 @@ def complete_chunk_id(original):
 
         meshes = get_sub_process_mesh_by_program(dist_program)
         if int(pipeline_strategy.vpp_degree) < 2:
-            check_parameters_read_elsewhere(dist_program, meshes, state)
+            state.shared_parameters = parameters_read_elsewhere(dist_program, meshes, state)
             return None
         assign_placement(dist_program, pipeline_strategy, state)
         check_blocks_on_one_mesh(dist_program, pipeline_strategy.vpp_seg_method, state)
@@ -520,7 +530,7 @@ def complete_chunk_id(original):
             completed = original(dist_program, startup_program, pipeline_strategy)
         finally:
             _COMPLETING_MESHES.reset(token)
-        check_parameters_read_elsewhere(dist_program, meshes, state)
+        state.shared_parameters = parameters_read_elsewhere(dist_program, meshes, state)
         return completed
     return complete_chunk_id
 

@@ -83,6 +83,8 @@ class EngineState:
     modes: Dict[str, ModePlan] = field(default_factory=dict)
     train_steps: int = 0          # training steps run (the measured step counts them)
     replanned: Optional[object] = None  # pipesplit.passes.engine.hooks.Replanned
+    # parameters read on another stage's rank (pipesplit.passes.shared_parameters)
+    shared_parameters: tuple = ()
 
     def __deepcopy__(self, memo):
         return self  # one state per engine, however often Paddle copies its strategy

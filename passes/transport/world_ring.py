@@ -39,14 +39,14 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("paddle.", "")
 
 
-def _gather_rows(x, world: int):
+def gather_rows(x, world: int):
     """The world gather of ``x``: a list of ``world`` values, row p from process p."""
     gathered = paddle._C_ops.all_gather(x, CPU_RING_ID, world)
     return paddle.split(gathered, world, axis=0) if world > 1 else [gathered]
 
 
 def _bystander_gather(shape, dtype, world: int) -> None:
-    rows = _gather_rows(paddle.full(list(shape), 0, dtype=dtype), world)
+    rows = gather_rows(paddle.full(list(shape), 0, dtype=dtype), world)
     del rows  # taken part in, dropped
 
 
@@ -178,7 +178,7 @@ def _emulate_one(block, op, world, members) -> None:
     x = op.operand_source(0)
     if op.name() == "pd_op.all_gather":
         def build():
-            rows = _gather_rows(x, world)
+            rows = gather_rows(x, world)
             return paddle.concat([rows[p] for p in members], axis=0)
     else:
         how = _REDUCE.get(int(_attr(op, "reduce_type", 0)))
@@ -187,7 +187,7 @@ def _emulate_one(block, op, world, members) -> None:
                              "hybrid transport knows sum, max, min and prod")
 
         def build():
-            rows = _gather_rows(x, world)
+            rows = gather_rows(x, world)
             return _reduce([rows[p] for p in members], how)
     _replace(block, op, build)
 
@@ -196,10 +196,10 @@ def _emulate_p2p_op(block, op, world, group_ranks) -> None:
     peer = list(group_ranks(int(_attr(op, "ring_id"))))[int(_attr(op, "peer"))]
     if op.name() == "pd_op.send_v2":
         x = op.operand_source(0)
-        _replace(block, op, lambda: (_gather_rows(x, world), None)[1])
+        _replace(block, op, lambda: (gather_rows(x, world), None)[1])
         return
     shape, dtype = list(_attr(op, "out_shape")), op.result(0).dtype
-    _replace(block, op, lambda: _gather_rows(paddle.full(shape, 0, dtype=dtype), world)[peer])
+    _replace(block, op, lambda: gather_rows(paddle.full(shape, 0, dtype=dtype), world)[peer])
 
 
 def merge_sequences(sequences: Dict[int, Sequence[Tuple[str, Optional[int], Gather]]]
@@ -265,9 +265,9 @@ def world_comm_program(transfers: Sequence[Transfer], process: int, world: int
                 x = block.add_kwarg(t.name, t.value_type)
                 x.persistable = False
                 x.place_attr = place
-                _gather_rows(x, world)
+                gather_rows(x, world)
             elif t.dst == process:
-                rows = _gather_rows(paddle.full(list(t.shape), 0, dtype=t.dtype), world)
+                rows = gather_rows(paddle.full(list(t.shape), 0, dtype=t.dtype), world)
                 paddle._C_ops.set_persistable_value(rows[t.src], t.name)
             else:
                 raise ValueError(f"transfer {t.name} ({t.src} -> {t.dst}) does not involve "
