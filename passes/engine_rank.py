@@ -352,7 +352,7 @@ def _with_step_exchanges(job_order, programs, shared, here: SharedOnThisRank, pl
     ``programs``): the weights before the first job, their gradients just before the
     optimizer, which comes last."""
     for phase in (SHARED_WEIGHTS, SHARED_GRADS):
-        if phase == SHARED_GRADS and OPTIMIZER not in programs:
+        if phase == SHARED_GRADS and not (here.training and OPTIMIZER in programs):
             continue  # (evaluation and prediction send no gradients)
         program = step_program(step_transfers(shared, placement, pipe, phase, here),
                                process, transport, world,

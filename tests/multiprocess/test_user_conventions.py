@@ -44,6 +44,9 @@ TWO_PROCESSES = [
     {"tag": "autoV_7_layers", "schedule": "autoV", "vpp": 2, "layers": 7,
      "layers_per_stage": [4, 3]},
     {"tag": "ZBH1_5_layers", "schedule": "ZBH1", "layers": 5, "layers_per_stage": [2, 3]},
+    # a tied embedding: the weight crosses once per step in train and in eval
+    {"tag": "1F1B_tied_modes", "schedule": "1F1B", "tie": True, "toggle_modes": True},
+    {"tag": "VPP_tied_modes", "schedule": "VPP", "vpp": 2, "tie": True, "toggle_modes": True},
 ]
 
 #: 4 processes: dp2 x pp2 and mp2 x pp2

@@ -47,6 +47,8 @@ DEFAULTS = {
     "toggle_modes": False,        # train() / eval() before the first step and between steps
     "sequence_parallel": False,   # activations cut along the sequence over mp (Llama's sp)
     "expect_error": None,         # a refusal expected before training: its message's start
+    "tie": False,                 # the head multiplies by the embedding's weight, resharded
+                                  # onto the last stage's mesh (a tied embedding)
     "hidden": 16, "heads": 2, "vocab": 32, "seq": 8, "lr": 1e-3, "clip": 1.0, "seed": 2024,
 }
 
@@ -142,11 +144,15 @@ class TinyLlama(nn.Layer):
         first, last = (0, cfg["pp"] - 1) if distributed else (None, None)
         self.distributed = distributed
         self.embed = nn.Embedding(cfg["vocab"], cfg["hidden"])
-        self.embed.weight = place(self.embed.weight, first, mp=1)
+        # (a tied weight stays whole over mp: Paddle's matmul grad cannot take it transposed
+        # and split along the hidden size)
+        self.embed.weight = place(self.embed.weight, first, mp=None if cfg["tie"] else 1)
         self.layers = nn.LayerList([DecoderLayer(cfg, s if distributed else None)
                                     for s in stages])
         self.norm = RMSNorm(cfg["hidden"], last)
-        self.head = place(self.create_parameter([cfg["hidden"], cfg["vocab"]]), last, mp=1)
+        self.tie, self.last = cfg["tie"], last
+        if not self.tie:
+            self.head = place(self.create_parameter([cfg["hidden"], cfg["vocab"]]), last, mp=1)
 
     def forward(self, ids):
         x = self.embed(ids)
@@ -166,7 +172,13 @@ class TinyLlama(nn.Layer):
                 if i and layer.stage != self.layers[i - 1].stage:
                     x = dist.reshard(x, mesh, placements(mesh, dp=0))
             x = layer(x, layer_mask)
-        return self.norm(x) @ self.head
+        if not self.tie:
+            return self.norm(x) @ self.head
+        weight = self.embed.weight
+        if self.distributed:  # convention: the other stage's weight resharded onto this mesh
+            mesh = get_mesh(self.last)
+            weight = dist.reshard(weight, mesh, placements(mesh))
+        return paddle.matmul(self.norm(x), weight, transpose_y=True)
 
 
 class Criterion(nn.Layer):
