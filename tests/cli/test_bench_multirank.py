@@ -3,8 +3,8 @@
 Timing is the benchmark's business, not a test's: this checks what does not depend on the
 machine's load -- the JSON's structure, that every schedule trained the same as an unsplit run
 (losses recomputed here, independently of the workers), that each row's simulated time is the
-simulator's for the profiled costs written beside it, and that the fitted overhead is a least-
-squares minimum.
+simulator's for the profiled costs written beside it, that the fitted overhead is a least-
+squares minimum, and that each goal carries a verdict (the ratio goals with their intervals).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ ARGS = ["--hidden", "64", "--seq-len", "8", "--micro-batch-size", "2", "--layers
         "-m", "4", "--steps", "2", "--warmup", "1", "--repeats", "1"]
 NAMES = ["FThenB", "1F1B", "ZBH1", "ZBH2", "VPP", "ZBV", "DualPipeV"]
 LOSS_TOL = 1e-5
+VERDICTS = ("met", "missed", "unresolved")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,26 @@ def test_rows_structure(report):
     for key in ("measured_rank", "simulated_rank"):
         assert sorted(r[key] for r in rows) == list(range(1, len(rows) + 1))
     assert set(report["goals"]) == {"order", "ratio", "auto"}
-    assert all(isinstance(g["met"], bool) for g in report["goals"].values())
+    assert all(g["verdict"] in VERDICTS for g in report["goals"].values())
+
+
+@pytest.mark.slow
+def test_ratio_goals_carry_intervals(report):
+    """The auto goal from the paired steps of auto and the fastest other schedule, the ratio
+    goal from every row's steps over its fitted simulation; medians inside their intervals."""
+    goals = report["goals"]
+    assert goals["order"]["verdict"] == ("missed" if goals["order"]["conflicts"] else "met")
+    for g in (goals["ratio"], goals["auto"]):
+        low, high = g["ratio_ci"]
+        assert low <= g["ratio"] <= high and g["steps"] == 2
+        assert (g["steps_to_resolve"] is None) == (g["verdict"] != "unresolved"), g
+    assert goals["auto"]["bound"] == pytest.approx(1.03)
+    assert goals["ratio"]["bound"] == pytest.approx([0.85, 1.15])
+    rows = {r["schedule"]: r for r in report["rows"]}
+    assert goals["ratio"]["ratio"] == pytest.approx(rows[goals["ratio"]["worst"]]["fitted_ratio"])
+    parts = [r["fitted_goal"]["verdict"] for r in rows.values()]
+    assert goals["ratio"]["verdict"] == ("missed" if "missed" in parts else "unresolved"
+                                         if "unresolved" in parts else "met")
 
 
 @pytest.mark.slow

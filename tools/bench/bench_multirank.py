@@ -39,8 +39,9 @@ costs and its default memory limit.  Simulated step: the simulator's end of each
 (its last job or transfer) plus that rank's optimizer time, max over ranks.  One per-job overhead ``c``
 (ms, added to every compute job) is fitted by least squares over all schedules; the table
 shows measured / simulated before and after the fit and the rank order both ways, and each
-goal of issue 11 item 3 as ``met`` / ``MISSED``.  Every rank's losses are checked against an
-unsplit run of the same model (``loss diff``).
+goal of issue 11 item 3 with its verdict (``tools/bench/verdicts.py``: ratio goals from per-step
+ratios, fitted simulation held fixed).  Every rank's losses are checked against an unsplit run
+of the same model (``loss diff``).
 """
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     # profile); pipesplit itself is imported from the installation
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+from pipesplit.tools.bench.verdicts import (combine, combined_steps, describe,  # noqa: E402
+                                            paired_ratios, ratio_figures)
 
 #: (schedule, vpp) in the table's order; "auto" is searched at vpp 1 and 2 (see module doc)
 SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("VPP", 2), ("ZBV", 2),
@@ -93,7 +96,7 @@ def make_parser():
     p.add_argument("--layers", type=int, default=4,
                    help="transformer blocks in all (a multiple of 4: 2 or 4 stages)")
     p.add_argument("-m", type=int, default=8, help="micro-batches per step")
-    p.add_argument("--steps", type=int, default=7, help="timed steps per schedule")
+    p.add_argument("--steps", type=int, default=7, help="timed steps per schedule (>= 2)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per schedule first")
     p.add_argument("--repeats", type=int, default=3, help="profiler runs per plan (medians)")
     p.add_argument("--schedules", default=",".join(n for n, _ in SCHEDULES),
@@ -107,8 +110,9 @@ def make_parser():
 
 def check_args(args) -> None:
     for name in ("hidden", "seq_len", "micro_batch_size", "layers", "m", "steps", "repeats"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        least, value = (2 if name == "steps" else 1), getattr(args, name)  # 2 for an interval
+        if value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.layers % 4:
@@ -443,9 +447,11 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
     biggest = max(max(costs_by_vpp[1].backward), 1.0)
     bounds = (-smallest, biggest)
     c = fit_overhead([row["measured_ms"] for row in rows], simulate_all, *bounds)
+    within = (1 - RATIO_TOLERANCE, 1 + RATIO_TOLERANCE)  # the row's own verdict: fitted_goal
     for row, s0, s1 in zip(rows, simulate_all(0.0), simulate_all(c)):
         row.update(simulated_ms=s0, fitted_ms=s1, ratio=row["measured_ms"] / s0,
-                   fitted_ratio=row["measured_ms"] / s1)
+                   fitted_ratio=row["measured_ms"] / s1, fitted_goal=ratio_figures(
+                       [s / s1 for s in row["step_ms"]], within, "between"))
     for key, rank_key in (("measured_ms", "measured_rank"), ("fitted_ms", "simulated_rank")):
         for i, row in enumerate(sorted(rows, key=lambda r: r[key])):
             row[rank_key] = i + 1
@@ -453,15 +459,16 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
     worst = max(rows, key=lambda r: abs(r["fitted_ratio"] - 1))
     auto_row = next((r for r in rows if r["schedule"].startswith("auto")), None)
     fixed = [r for r in rows if r is not auto_row]
-    goals = {"order": {"met": not conflicts, "conflicts": conflicts},
-             "ratio": {"met": abs(worst["fitted_ratio"] - 1) <= RATIO_TOLERANCE,
-                       "worst": worst["schedule"], "value": worst["fitted_ratio"],
-                       "tolerance": RATIO_TOLERANCE}}
+    parts = [r["fitted_goal"] for r in rows]
+    goals = {"order": {"verdict": "missed" if conflicts else "met", "conflicts": conflicts},
+             "ratio": {**worst["fitted_goal"], "worst": worst["schedule"],
+                       "tolerance": RATIO_TOLERANCE, "steps_to_resolve": combined_steps(parts),
+                       "verdict": combine([p["verdict"] for p in parts])}}
     if auto_row is not None and fixed:
         fastest = min(fixed, key=lambda r: r["measured_ms"])
-        value = auto_row["measured_ms"] / fastest["measured_ms"]
-        goals["auto"] = {"met": value <= 1 + AUTO_TOLERANCE, "value": value,
-                         "fastest": fastest["schedule"], "tolerance": AUTO_TOLERANCE}
+        goals["auto"] = {"fastest": fastest["schedule"], "tolerance": AUTO_TOLERANCE,
+                         **ratio_figures(paired_ratios(auto_row["step_ms"], fastest["step_ms"]),
+                                         1 + AUTO_TOLERANCE)}
     for row in rows:
         del row["_schedule"]
     return {"model": f"build_gpt, {args.layers} blocks, hidden {args.hidden}, seq {args.seq_len}, "
@@ -476,11 +483,6 @@ def summarize(args, results, references, costs_by_vpp, optimizer_ms, comm_ms, ra
 
 
 # =========================================================================== parent
-
-def launch(args, argv: Sequence[str]) -> dict:
-    """Run the workers under paddle.distributed.launch; return rank 0's report."""
-    return launch_workers(__file__, argv, args.log_dir, args.timeout)
-
 
 def launch_workers(script: str, argv: Sequence[str], log_dir: Optional[str],
                    timeout: float) -> dict:
@@ -544,16 +546,15 @@ def format_report(report: dict) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     g = report["goals"]
-    lines.append(f"goal order (measured = simulated, ties within +/-): "
-                 f"{'met' if g['order']['met'] else 'MISSED'}"
+    lines.append(f"goal order (measured = simulated, ties within +/-): {g['order']['verdict']}"
                  + "".join(f"\n    {c}" for c in g["order"]["conflicts"]))
-    lines.append(f"goal |meas/(sim+c) - 1| <= {g['ratio']['tolerance']:g}: "
-                 f"{'met' if g['ratio']['met'] else 'MISSED'} (worst {g['ratio']['worst']} "
-                 f"{g['ratio']['value']:.3f})")
+    lines.append(f"goal |meas/(sim+c) - 1| <= {g['ratio']['tolerance']:g} for every schedule "
+                 f"(step / (sim+c), median, {g['ratio']['confidence']:.0%} interval): "
+                 f"{g['ratio']['verdict']} (worst {g['ratio']['worst']} {describe(g['ratio'])})")
     if "auto" in g:
         lines.append(f"goal auto <= {1 + g['auto']['tolerance']:g} x fastest measured "
-                     f"({g['auto']['fastest']}): {'met' if g['auto']['met'] else 'MISSED'} "
-                     f"({g['auto']['value']:.3f})")
+                     f"({g['auto']['fastest']}; paired steps): {g['auto']['verdict']} "
+                     f"({describe(g['auto'])})")
     return "\n".join(lines)
 
 
@@ -569,7 +570,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return worker(args)
     forwarded = [a for a in _without(argv, ("--json", "--log-dir", "--timeout"))]
     t0 = time.perf_counter()
-    report = launch(args, forwarded)
+    report = launch_workers(__file__, forwarded, args.log_dir, args.timeout)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_report(report))
     print(f"({report['wall_s']:.0f} s in all)")
