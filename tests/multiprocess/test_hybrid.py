@@ -288,6 +288,8 @@ def structure(tmp_path_factory):
     work = tmp_path_factory.mktemp("llama_structure")
     configs = [(name, ["--dp", "2", "--mp", "2", "--pp", "2", "--schedule", name, "--vpp",
                        str(VPP_OF.get(name, 1)), "-m", "4"]) for name in STRUCTURE_SCHEDULES]
+    configs.append(("1F1B_tied", ["--dp", "2", "--mp", "2", "--pp", "2", "--schedule", "1F1B",
+                                  "-m", "4", "--tie-embedding"]))
     (work / "configs.json").write_text(json.dumps(configs))
     done = launch(work, STRUCTURE, work / "configs.json", work, nproc=DP * PP * MP)
     assert done.returncode == 0, done.report()
@@ -354,6 +356,31 @@ def test_cuda_plans_of_dp2_mp2_pp2_have_peers_rings_and_events_per_group(structu
             assert [c for c in theirs if c[1] in {x[1] for x in mp_only}] == mp_only, job_type
             assert [(o, sh) for o, _, sh in mine] == [
                 (op["op"], op["shape"]) for op in _collectives(dp_peer["programs"][job_type])]
+
+
+@pytest.mark.slow
+def test_cuda_plans_send_a_tied_weight_once_per_step_between_the_pair(structure):
+    """NCCL: the embedding goes from each pipeline's first stage to its last in the step's
+    first job and its gradient back in the job before the optimizer, one send_v2 / recv_v2 on
+    the pair's ring each; the micro-batch jobs carry only activations.  The embedding is
+    column-parallel over mp: its shard crosses, its gradient comes back whole (the owner's
+    optimizer slices its shard from the sum)."""
+    shard = [EMBEDDING[0], EMBEDDING[1] // MP]
+    for r in range(DP * PP * MP):
+        record = structure[("1F1B_tied", r)]
+        order = [t for t, _ in record["job_order"]]
+        assert order[0] == "shared_weights" and order[-2:] == ["shared_grads", "optimizer"]
+        owner, reader = record["pipe"]
+        for job_type, src, dst, shape in (("shared_weights", owner, reader, shard),
+                                          ("shared_grads", reader, owner, EMBEDDING)):
+            p2p = [op for op in record["programs"][job_type]
+                   if op["op"] in ("pd_op.send_v2", "pd_op.recv_v2")]
+            assert [op["op"] for op in p2p] == ["pd_op.send_v2" if r == src else "pd_op.recv_v2"]
+            assert sorted(p2p[0]["ring_ranks"]) == sorted((owner, reader)), (r, job_type)
+            assert p2p[0]["shape"] == shape
+        for job_type in {t for t in order if t.startswith(("send_", "recv_"))}:
+            assert all(op["shape"] not in (shard, EMBEDDING)
+                       for op in record["programs"][job_type] if "shape" in op), (r, job_type)
 
 
 # --------------------------------------------------------------------------- stage meshes

@@ -21,6 +21,7 @@ import paddle.distributed as dist  # noqa: E402
 from paddle.distributed.auto_parallel.static import engine as paddle_engine  # noqa: E402
 
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
+from pipesplit.passes.engine.state import state_of  # noqa: E402
 from pipesplit.passes.engine_rank import build_engine_rank_plan  # noqa: E402
 from _structure import describe  # noqa: E402
 
@@ -37,7 +38,8 @@ def main() -> int:
     def nccl_pass(mains, starts, pipeline_strategy):
         config = pipesplit_strategy.config_from_strategy(pipeline_strategy)
         pipe = pipesplit_strategy.pipe_from_strategy(pipeline_strategy)
-        built = build_engine_rank_plan(mains[0], config, "nccl", pipe)
+        built = build_engine_rank_plan(mains[0], config, "nccl", pipe,
+                                       shared=state_of(pipeline_strategy).shared_parameters)
         record = {"rank": dist.get_rank(), "pp_rank": config.pp_stage,
                   "pipe": list(pipe.processes), "schedule": built.schedule.name,
                   "pp": config.pp_degree, "vpp": config.vpp_degree,
