@@ -20,7 +20,8 @@ from pipesplit.passes.transport.step_exchange import create_scope_variables
 
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
-from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
+from pipesplit.passes.engine.loss_location import (LOSS_MODES, GatheredLoss, StoredLoss,
+                                                    hand_the_loss_on)
 from pipesplit.passes.checks import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
@@ -277,8 +278,12 @@ def loss_on_the_last_stage(original):
 
         if dist.get_world_size() == 1:  # (every rank emulated in one process)
             return logs
+        if state.loss_carrier is None:
+            state.loss_carrier = GatheredLoss(dist.get_world_size(),
+                                              state.config.num_micro_batches) \
+                if backend_for(resolve_device("auto")) == "gloo" else StoredLoss()
         return hand_the_loss_on(logs, state.pipe, state.checked.placement, dist.get_rank(),
-                                bool(self._strategy.return_numpy))
+                                bool(self._strategy.return_numpy), state.loss_carrier)
     return run
 
 

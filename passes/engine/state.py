@@ -85,6 +85,8 @@ class EngineState:
     replanned: Optional[object] = None  # pipesplit.passes.engine.hooks.Replanned
     # parameters read on another stage's rank (pipesplit.passes.shared_parameters)
     shared_parameters: tuple = ()
+    # what hands a V placement's loss to the last stage (pipesplit.passes.engine.loss_location)
+    loss_carrier: Optional[object] = None
 
     def __deepcopy__(self, memo):
         return self  # one state per engine, however often Paddle copies its strategy
