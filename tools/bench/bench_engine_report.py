@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from pipesplit.tools.bench.memory_model import memory_model_table, predictions
 from pipesplit.tools.bench.verdicts import (DEFAULT_CONFIDENCE, bound_text, describe,
                                             paired_ratios, ratio_figures)
 
@@ -162,9 +163,11 @@ def table(head: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
 
 
 def add_goals(report: dict) -> None:
-    """The report's ``goals`` list, and each numerator row's ``ratio_ci``."""
+    """The report's ``goals`` list, each numerator row's ``ratio_ci``, and the memory model's
+    predictions beside the measured peaks (``memory_model``: exact figures, no interval)."""
     report["goals"] = goals(report["rows"])
     mark_numerators(report["rows"], report["goals"])
+    report["memory_model"] = predictions(report["rows"])
 
 
 def base_row(rows: List[dict]) -> Optional[dict]:
@@ -192,6 +195,7 @@ def format_report(report: dict) -> str:
     if any(g["verdict"] == "missed" for g in report["goals"]):
         for m, group in by_m(rows):
             lines += explain(group, base_row(group), m)
+    lines += memory_model_table(report.get("memory_model", []))
     lines += ["", "each schedule's own jobs in one more step, Paddle's profiler (ms per rank, "
               "rank0/rank1; comm includes waiting for the peer):"]
     for m, group in by_m(rows):
