@@ -125,7 +125,10 @@ def _four_process_configs():
                         ("dp_parallelize_VPP", _args(DP2, "VPP", "--parallelize", "points")),
                         ("mp_parallelize_tied_1F1B", _args(MP2, "1F1B", "--parallelize",
                                                            "points", *TIED)),
-                        ("mp_parallelize_VPP", _args(MP2, "VPP", "--parallelize", "prefix"))],
+                        ("mp_parallelize_VPP", _args(MP2, "VPP", "--parallelize", "prefix")),
+                        ("dp_parallelize_tied_1F1B", _args(DP2, "1F1B", "--parallelize",
+                                                           "points", *TIED)),
+                        ("mp_parallelize_ZBV", _args(MP2, "ZBV", "--parallelize", "prefix"))],
     }
 
 
@@ -199,9 +202,9 @@ def test_dp_and_mp_beside_the_pipeline_train_llama_like_the_reference(four_proce
 
 @pytest.mark.slow
 def test_dist_parallelize_with_dp_or_mp_beside_the_pipeline(four_processes):
-    """``parallelize``'s ``dp_config`` / ``mp_config`` beside its ``pp_config``: ZBV with the
-    embedding tied, VPP (vpp 2: the blocks of ``parallelize``'s stages moved as for hand-placed
-    models) and 1F1B tied."""
+    """``parallelize``'s ``dp_config`` / ``mp_config`` beside its ``pp_config``: ZBV, VPP (vpp
+    2: the blocks of ``parallelize``'s stages moved as for hand-placed models) and 1F1B on
+    each mesh, the embedding tied for some."""
     _check_group(four_processes, _four_process_configs()["parallelize"], params=78)
 
 
