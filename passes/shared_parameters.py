@@ -115,10 +115,7 @@ def serve_shared_parameters(program, rank: int, placement: Placement, pipe: Pipe
         reader = pipe.process_of(placement.rank_of(p.reader))
         if process not in (owner, reader):
             continue
-        phases = [(ROLE_FORWARD, SHARED_WEIGHTS)]
-        if found.training:
-            phases.append((ROLE_BACKWARD, SHARED_GRADS))
-        for role, phase in phases:
+        for phase in (SHARED_WEIGHTS, SHARED_GRADS) if found.training else (SHARED_WEIGHTS,):
             sending = (process == owner) == (phase == SHARED_WEIGHTS)
             op = _the_p2p_op(block, p, phase, _SEND if sending else _RECV,
                              reader if process == owner else owner, ring_of)
