@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from .costs import Costs
 from .ir import Schedule
-from .placement import check_positive_int
+from .placement import Placement, check_positive_int
 from .registry import accepted_options, build_schedule, get_spec, schedule_names
 from .validate import validate
 
@@ -45,6 +45,11 @@ class PipelineConfig:
     @property
     def num_stages(self) -> int:
         return self.pp_degree * self.vpp_degree
+
+    @property
+    def placement(self) -> Placement:
+        """Where the schedule puts each chunk (looped or V) on these degrees."""
+        return Placement(get_spec(self.schedule).placement, self.pp_degree, self.vpp_degree)
 
     @property
     def splits_backward(self) -> bool:

@@ -30,16 +30,18 @@ from pipesplit.passes.engine.hooks import Replanned, last_pipeline, pipeline_pas
 from pipesplit.passes.engine.hooks import replan as _replan_engine
 from pipesplit.passes.engine.state import engine_state
 from pipesplit.passes.engine.strategy_config import (check_strategy, config_from_strategy, measure_costs,
-                              pipe_from_strategy, record_pipe, requested_schedule, use_costs)
+                              pipe_from_strategy, record_pipe, requested_schedule, use_costs,
+                              use_memory_budget)
+from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes import registration
 from pipesplit.passes.engine import paddle_patches
 
 require_supported_paddle()
 
-__all__ = ["Replanned", "check_strategy", "config_from_strategy", "disable_strategy",
+__all__ = ["MemoryBudgetError", "Replanned", "check_strategy", "config_from_strategy", "disable_strategy",
            "enable_strategy", "is_strategy_enabled", "last_pipeline", "measure_costs",
            "pipe_from_strategy", "pipeline_pass", "plan_of", "record_pipe", "replan", "replanned",
-           "requested_schedule", "use_costs"]
+           "requested_schedule", "use_costs", "use_memory_budget"]
 
 _GROUP = "engine"
 _ROUTES = "engine_routes"

@@ -29,6 +29,7 @@ from pipesplit.passes.engine_rank import build_engine_rank_plan, is_engine_progr
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.state import ENGINE_MODE, HANDLE, EngineState, ModePlan, engine_state, state_of
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
+from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
 from pipesplit.passes.pipeline import split_and_schedule
 from pipesplit.passes.engine.strategy_config import (config_from_strategy, open_engine_state, pipe_from_strategy,
@@ -307,6 +308,8 @@ def name_a_failed_step(original):
         started = time.monotonic()
         try:
             return original(self, *args, **kwargs)
+        except MemoryBudgetError:
+            raise  # the user's budget, refused at the re-plan: not a failed step
         except Exception as exc:
             raise RuntimeError(
                 f"pipesplit: rank {paddle.distributed.get_rank()} failed in {mode} step {step} "
@@ -326,13 +329,19 @@ class Replanned:
     #: seconds of each phase of a measured re-plan on this process (profiler set-up, waits at
     #: the rendezvous, the step, the exchange, the search and build)
     timings: Dict[str, float] = field(default_factory=dict)
+    #: under a memory budget: the budget, the search's memory limit in units, the measured
+    #: model (pipesplit.passes.measure.memory_budget.MemoryModel.to_dict) and the bytes it
+    #: predicts per pipeline rank for the new plan
+    memory: Optional[dict] = None
 
 
-def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
+def replan(engine, costs, step: Optional[int] = None,
+           memory_limit: Optional[float] = None) -> PipelinePlan:
     """Build ``engine``'s training plan again from the engine's program with ``costs``
-    (:class:`~pipesplit.job_list.Costs`; ``auto`` / ``autoV`` search again, every lowering
-    uses them) and run it from the next training step on.  Every process must call it
-    between the same two steps, with the same costs.  Returns the new plan."""
+    (:class:`~pipesplit.job_list.Costs`; ``auto`` / ``autoV`` search again, under
+    ``memory_limit`` units per rank when given; every lowering uses them) and run it from the
+    next training step on.  Every process must call it between the same two steps, with the
+    same costs.  Returns the new plan."""
     from pipesplit.job_list.costs import Costs
 
     if not isinstance(costs, Costs):
@@ -349,9 +358,12 @@ def replan(engine, costs, step: Optional[int] = None) -> PipelinePlan:
     costs.check_stages(before.config.num_stages)
     import paddle
 
+    config = replace(before.config, costs=costs)
+    if memory_limit is not None:
+        config = replace(config, memory_limit=memory_limit)
     with paddle.base.framework._dygraph_guard(None):  # programs are built in static mode
-        after = engine_rank_plan(before.source_program, replace(before.config, costs=costs),
-                                 engine._strategy.pipeline, state)
+        after = engine_rank_plan(before.source_program, config, engine._strategy.pipeline,
+                                 state)
     state.modes["train"].pipeline = after
     if engine._mode == "train":
         engine._job_plan = after.plan
@@ -373,7 +385,9 @@ def _forget_executors(executor) -> None:
 def measure_and_replan(original):
     """``Engine.run``: the training step :func:`~.strategy_config.measured_step` names runs
     under Paddle's profiler; every process's job times become the costs all of them re-plan
-    with (:mod:`pipesplit.passes.measure.replan`), once."""
+    with (:mod:`pipesplit.passes.measure.replan`), once.  Under a memory budget the profiler
+    also records the allocations, and the search keeps every rank within the budget
+    (:mod:`pipesplit.passes.measure.memory_budget`)."""
     def run(self, *args, **kwargs):
         mode = kwargs.get("mode") or self._mode
         state = engine_state(self)
@@ -390,37 +404,70 @@ def measure_and_replan(original):
         # (a whole-model program, every rank emulated in one process, is not re-planned)
         if step != state.measure_step or getattr(before, "source_program", None) is None:
             return original(self, *args, **kwargs)
-        import paddle.distributed as dist
-
-        from pipesplit.passes.measure.replan import costs_from, profile_jobs, rank_measurement, rendezvous, share
-
-        rank, world = dist.get_rank(), dist.get_world_size()
-        key = round_key("measured", rank)
-        clock = _Clock()
-
-        def measured():
-            clock.lap("profiler_start_s")
-            clock.lap("wait_before_step_s", rendezvous(
-                f"{key}/step", f"the measured training step {step}", rank, world))
-            with ops_on_this_thread():
-                return original(self, *args, **kwargs)
-
-        logs, jobs = profile_jobs(measured)
-        clock.lap("step_s")
-        everyone = share(rank_measurement(jobs, before.config), key)
-        clock.lap("exchange_s")
-        comm_mode = "rendezvous" if backend_for(resolve_device("auto")) == "gloo" else "latency"
-        replan(self, costs_from(everyone, before.config.num_stages, comm_mode), step)
-        clock.lap("replan_s")
-        clock.lap("wait_after_replan_s", rendezvous(
-            f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,
-            world))
-        state.replanned = replace(state.replanned, timings=clock.laps)
-        print(f"pipesplit: rank {rank} measured training step {step} and re-planned: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in clock.laps.items()), file=sys.stderr,
-              flush=True)
-        return logs
+        return _measured_step(self, state, before, step, lambda: original(self, *args, **kwargs))
     return run
+
+
+def _measured_step(engine, state: EngineState, before: PipelinePlan, step: int, run_step):
+    """Training step ``step`` under the profiler, then the re-plan every process makes from
+    what all of them measured (see :func:`measure_and_replan`)."""
+    import paddle.distributed as dist
+
+    from pipesplit.ir_utils.measure import MemoryStats
+    from pipesplit.passes.measure.memory_budget import MemoryModel, rank_memory
+    from pipesplit.passes.measure.replan import (costs_from, ops_on_this_thread, profile_jobs,
+                                                 profile_jobs_and_memory, rank_measurement,
+                                                 rendezvous, share)
+
+    budget = state.options.memory_budget
+    rank, world = dist.get_rank(), dist.get_world_size()
+    key = round_key("measured", rank)
+    clock = _Clock()
+    start_bytes = MemoryStats().settled_current() if budget is not None else None
+
+    def measured():
+        clock.lap("profiler_start_s")
+        clock.lap("wait_before_step_s", rendezvous(
+            f"{key}/step", f"the measured training step {step}", rank, world))
+        with ops_on_this_thread():
+            return run_step()
+
+    config = before.config
+    if budget is None:
+        logs, jobs = profile_jobs(measured)
+        measurement = rank_measurement(jobs, config)
+    else:
+        logs, jobs, levels = profile_jobs_and_memory(measured)
+        measurement = dict(rank_measurement(jobs, config), memory=dict(
+            rank_memory(levels, start_bytes, config.pp_stage, config.placement), budget=budget))
+    clock.lap("step_s")
+    everyone = share(measurement, key)
+    clock.lap("exchange_s")
+    comm_mode = "rendezvous" if backend_for(resolve_device("auto")) == "gloo" else "latency"
+    costs = state.options.costs or costs_from(everyone, config.num_stages, comm_mode)
+    limit, model = None, None
+    if budget is not None:
+        budgets = sorted({m["memory"]["budget"] for m in everyone})
+        if len(budgets) > 1:  # (each would search under its own limit: the plans would differ)
+            raise ValueError(f"use_memory_budget: every process must give the same budget; "
+                             f"they gave {budgets} bytes")
+        model = MemoryModel.from_measurements([m["memory"] for m in everyone], config.pp_degree)
+        costs = model.costs(costs)
+        limit = model.memory_limit(budget, config.schedule, config.pp_degree, config.vpp_degree,
+                                   config.num_micro_batches, costs)
+    after = replan(engine, costs, step, memory_limit=limit)
+    clock.lap("replan_s")
+    clock.lap("wait_after_replan_s", rendezvous(
+        f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,
+        world))
+    memory = None if model is None else {
+        "budget_bytes": budget, "memory_limit": limit, "model": model.to_dict(),
+        "predicted_peak_bytes": [int(b) for b in model.peaks(after.schedule, costs)]}
+    state.replanned = replace(state.replanned, timings=clock.laps, memory=memory)
+    print(f"pipesplit: rank {rank} measured training step {step} and re-planned: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in clock.laps.items()), file=sys.stderr,
+          flush=True)
+    return logs
 
 
 class _Clock:

@@ -14,7 +14,7 @@ deep copy of the user's strategy) and reached from the engine as ``engine._strat
   the training steps run and the last re-plan.
 
 Before ``dist.to_static`` the same handle on the USER's strategy holds the user's
-:class:`UserOptions` (``use_costs`` / ``measure_costs``), which the deep copy carries to the
+:class:`UserOptions` (``use_costs`` / ``measure_costs`` / ``use_memory_budget``), which the deep copy carries to the
 engine's copy and :func:`open_engine_state` takes over.  An engine whose pipeline section has
 no :class:`EngineState` is Paddle's own: every hook leaves it alone.
 """
@@ -44,6 +44,7 @@ class UserOptions:
 
     costs: Optional[Costs] = None                          # use_costs
     measure_step: Union[int, None, str] = DEFAULT_MEASURE  # measure_costs
+    memory_budget: Optional[int] = None                    # use_memory_budget (bytes)
 
 
 @dataclass

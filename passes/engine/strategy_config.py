@@ -189,6 +189,45 @@ def measure_costs(strategy, step: Optional[int] = MEASURED_STEP) -> None:
     set_options(pipeline, measure_step=step)
 
 
+def use_memory_budget(strategy, budget) -> None:
+    """Keep ``auto`` / ``autoV`` within ``budget`` bytes of allocated memory per process: an
+    int of bytes or a string such as ``"48MB"`` / ``"60GB"`` (binary: 1 KB = 1024 B); None
+    removes it.  The measured training step (:func:`measure_costs`) then also measures each
+    rank's bytes (resident, per kept forward, temporaries:
+    :mod:`pipesplit.passes.measure.memory_budget`), and the re-plan searches only schedules
+    whose peak stays within the budget on every rank.  A budget no schedule fits is a
+    :class:`~pipesplit.passes.measure.memory_budget.MemoryBudgetError` (a ``ValueError``) at
+    the re-plan, on every process, naming the smallest budget that would serve.  Measured
+    through Paddle's host allocator: CPU builds only in this version.  Without a budget
+    nothing changes."""
+    from pipesplit.passes.measure.memory_budget import parse_budget
+
+    pipeline = _pipeline_section(strategy)
+    set_options(pipeline, memory_budget=None if budget is None else parse_budget(budget))
+
+
+def check_memory_budget(pipeline_strategy) -> None:
+    """A memory budget is given to a schedule that searches, with its measured step on, on a
+    CPU build (the one measured through the engine's profiler)."""
+    from pipesplit.job_list.auto import AUTO_NAMES
+    from pipesplit.job_list.registry import get_spec
+
+    options = options_of(pipeline_strategy)
+    if options.memory_budget is None:
+        return
+    name = get_spec(requested_schedule(pipeline_strategy)).name
+    if name not in AUTO_NAMES:
+        raise ValueError(f"use_memory_budget: schedule_mode {name!r} does not search; only "
+                         f"{list(AUTO_NAMES)} plan under a memory budget (the peak of {name} is "
+                         f"fixed by its order)")
+    if options.measure_step is None:
+        raise ValueError("use_memory_budget: the budget is priced in the measured training "
+                         "step, and measure_costs(strategy, None) turned it off")
+    if _on_cuda():
+        raise ValueError("use_memory_budget: the bytes are measured with Paddle's host "
+                         "allocator, on CPU builds only in this version")
+
+
 def measured_step(pipeline_strategy) -> Optional[int]:
     """The training step whose jobs are measured for a re-plan (None: no re-plan)."""
     from pipesplit.job_list.auto import AUTO_NAMES
@@ -201,7 +240,8 @@ def measured_step(pipeline_strategy) -> Optional[int]:
     if options.measure_step != DEFAULT_MEASURE:
         return options.measure_step
     searched = get_spec(requested_schedule(pipeline_strategy)).name in AUTO_NAMES
-    return MEASURED_STEP if searched and options.costs is None and not _on_cuda() else None
+    wanted = options.memory_budget is not None or (options.costs is None and not _on_cuda())
+    return MEASURED_STEP if searched and wanted else None
 
 
 def _on_cuda() -> bool:
@@ -280,6 +320,7 @@ def open_engine_state(engine) -> EngineState:
     fill_in_what_paddle_derives(engine._strategy, engine._model)
     check_world(pipeline, dist.get_world_size())
     check_model(pipeline, engine._model)
+    check_memory_budget(pipeline)
     config, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
     return EngineState(requested=str(pipeline.schedule_mode), config=config, checked=checked,
                        options=options_of(pipeline), measure_step=measured_step(pipeline),

@@ -32,8 +32,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD,
                                    OPTIMIZER, parse_job_type)
-from pipesplit.job_list.placement import Placement
-from pipesplit.job_list.registry import get_spec
 
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.transport.launch_store import launch_store
@@ -45,9 +43,9 @@ STAGE_KINDS = (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W)
 _EXECUTOR_EVENT = "StandaloneExecutor::run"
 
 
-def executed_jobs(result) -> List[Tuple[str, int, float]]:
-    """(job type, micro-batch, milliseconds) of every job the standalone executor ran, in run
-    order, from a ``paddle.profiler`` result (its ``StandaloneExecutor::run`` events'
+def executed_job_spans(result) -> List[Tuple[str, int, int, int]]:
+    """(job type, micro-batch, start ns, end ns) of every job the standalone executor ran, in
+    run order, from a ``paddle.profiler`` result (its ``StandaloneExecutor::run`` events'
     children)."""
     runs = []
     stack = list(result.get_data().values())
@@ -62,7 +60,24 @@ def executed_jobs(result) -> List[Tuple[str, int, float]]:
         for job in sorted(run.children_node, key=lambda n: n.start_ns):
             kind, _, micro_batch = job.name.rpartition("-")
             if kind and micro_batch.isdigit():
-                out.append((kind, int(micro_batch), (job.end_ns - job.start_ns) / 1e6))
+                out.append((kind, int(micro_batch), job.start_ns, job.end_ns))
+    return out
+
+
+def executed_jobs(result) -> List[Tuple[str, int, float]]:
+    """(job type, micro-batch, milliseconds) of :func:`executed_job_spans`."""
+    return [(t, mb, (end - start) / 1e6) for t, mb, start, end in executed_job_spans(result)]
+
+
+def allocator_events(result) -> List[Tuple[int, int]]:
+    """(ns, allocated bytes after it) of every allocation and free a ``paddle.profiler``
+    result with ``profile_memory`` recorded, on any thread."""
+    out = []
+    stack = list(result.get_data().values())
+    while stack:
+        node = stack.pop()
+        out.extend((m.timestamp_ns, m.current_allocated) for m in node.mem_node)
+        stack.extend(node.children_node)
     return out
 
 
@@ -101,16 +116,32 @@ def ops_on_this_thread():
 def profile_jobs(run: Callable[[], object]) -> Tuple[object, List[Tuple[str, int, float]]]:
     """(what ``run()`` returned, :func:`executed_jobs` of the jobs it ran) with Paddle's host
     profiler on around it (nothing is written to disk)."""
+    value, result = _profiled(run, memory=False)
+    return value, executed_jobs(result)
+
+
+def profile_jobs_and_memory(run: Callable[[], object]):
+    """(what ``run()`` returned, :func:`executed_jobs`, and per job (type, live bytes at its
+    end, highest live bytes while it ran): :func:`~.memory_budget.job_memory`), with the
+    profiler recording every allocation too."""
+    from pipesplit.passes.measure.memory_budget import job_memory
+
+    value, result = _profiled(run, memory=True)
+    return (value, executed_jobs(result),
+            job_memory(executed_job_spans(result), allocator_events(result)))
+
+
+def _profiled(run: Callable[[], object], memory: bool):
     import paddle.profiler as profiler
 
     prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU],
-                             on_trace_ready=lambda _: None)
+                             on_trace_ready=lambda _: None, profile_memory=memory)
     prof.start()
     try:
         value = run()
     finally:
         prof.stop()
-    return value, executed_jobs(prof.profiler_result)
+    return value, prof.profiler_result
 
 
 def rank_measurement(jobs: Sequence[Tuple[str, int, float]], config: PipelineConfig) -> dict:
@@ -119,8 +150,7 @@ def rank_measurement(jobs: Sequence[Tuple[str, int, float]], config: PipelineCon
     pipeline rank ``config.pp_stage``'s, placed as the schedule places them."""
     if config.pp_stage is None:
         raise ValueError("rank_measurement needs config.pp_stage (this process's pipeline rank)")
-    placement = Placement(get_spec(config.schedule).placement, config.pp_degree,
-                          config.vpp_degree)
+    placement = config.placement
     stages: Dict[str, Dict[str, float]] = {}
     comm: List[float] = []
     optimizer = None

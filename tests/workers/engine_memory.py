@@ -1,0 +1,124 @@
+"""Peak bytes through the engine, on 2 processes in ONE launch: ``engine_memory.py OUT_DIR``
+trains the GPT example through ``dist.to_static`` (a size whose activations dwarf the rest) and
+writes ``OUT_DIR/rank<r>.json``; ``tests/multiprocess/test_memory.py`` checks it.
+
+* **schedules** (FThenB, 1F1B, ZBH1, ZBH2, ZBV): step 1 is profiled with its allocations, as
+  the engine's measured step is (:func:`profile_jobs_and_memory`, :func:`rank_memory`); the
+  peak is the smallest allocator peak of the :data:`PEAK_STEPS` steps after it (on CPU the
+  executor frees dead tensors on a thread of its own, and each step's peak adds what that
+  thread had not freed yet: up to half as much again on this model, in any step; the
+  smallest is the program's own peak, the figure the model prices);
+* **budgets**: ``auto`` with ``use_memory_budget`` at three budgets set from those peaks (the
+  same on both processes): between 1F1B's and ZBH2's, above ZBH2's, and below 1F1B's; each
+  records its re-plan (or its refusal) and the peaks of the steps after it.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+import paddle
+import paddle.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import auto_parallel_pipeline as example  # noqa: E402
+
+from pipesplit.ir_utils.measure import MemoryStats  # noqa: E402
+from pipesplit.passes import strategy as ps_strategy  # noqa: E402
+from pipesplit.passes.engine.state import engine_state  # noqa: E402
+from pipesplit.passes.measure.memory_budget import MemoryBudgetError, rank_memory  # noqa: E402
+from pipesplit.passes.measure.replan import (ops_on_this_thread,  # noqa: E402
+                                             profile_jobs_and_memory)
+
+SIZES = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab", "256",
+         "--micro-batch-size", "4", "-m", "4"]
+SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("ZBV", 2))
+PEAK_STEPS = 5
+MEMORY = MemoryStats()
+
+
+def build(schedule: str, vpp: int, steps: int, budget=None):
+    args = example.parse_args(["--schedule", schedule, "--vpp", str(vpp), "--steps", str(steps),
+                               "--tag", f"{schedule}-{budget}"] + SIZES)
+    strategy = example.make_strategy(args)
+    if budget is not None:
+        ps_strategy.use_memory_budget(strategy, budget)
+    world = dist.get_world_size()
+    meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
+    model = example.build(args, [meshes[i * world // args.layers] for i in range(args.layers)])
+    opt = example.make_optimizer(args, model.parameters())
+    data = example.TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
+    loader = paddle.io.DataLoader(data, batch_size=args.batch, shuffle=False)
+    dist_model = dist.to_static(model, loader, example.lm_loss, opt, strategy)
+    dist_model.train()
+    return dist_model, list(loader())
+
+
+def step_peak(dist_model, batch) -> int:
+    MEMORY.settled_current()
+    MEMORY.reset_peak()
+    dist_model(*batch)
+    return MEMORY.peak()
+
+
+def measure_schedule(schedule: str, vpp: int) -> dict:
+    before_build = MEMORY.settled_current()
+    dist_model, batches = build(schedule, vpp, 2 + PEAK_STEPS)
+    with ops_on_this_thread():  # (as the engine's measured step: interpreters built so)
+        dist_model(*batches[0])
+    start = MEMORY.settled_current()
+    _, _, levels = profile_jobs_and_memory(lambda: dist_model(*batches[1]))
+    config = engine_state(dist_model._engine).pipeline_of("train").config
+    peaks = [step_peak(dist_model, b) for b in batches[2:]]
+    return {"before_build": before_build, "start": start, "peak": min(peaks), "peaks": peaks,
+            "memory": rank_memory(levels, start, config.pp_stage, config.placement)}
+
+
+def run_budget(budget: int) -> dict:
+    dist_model, batches = build("auto", 1, 3 + PEAK_STEPS, budget)
+    dist_model(*batches[0])
+    start = MEMORY.settled_current()
+    try:
+        dist_model(*batches[1])  # measured, re-planned under the budget
+    except MemoryBudgetError as exc:
+        return {"budget": budget, "start": start, "refused": str(exc),
+                "smallest": exc.smallest, "error_budget": exc.budget}
+    dist_model(*batches[2])  # builds the new plan's interpreters
+    done = ps_strategy.replanned(dist_model)
+    peaks = [step_peak(dist_model, b) for b in batches[3:]]
+    return {"budget": budget, "start": start, "peak": min(peaks), "peaks": peaks,
+            "memory": done.memory, "after_order": [list(j) for j in done.after.job_order]}
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    ps_strategy.enable_strategy()
+    from pipesplit.passes import cpu_support
+    cpu_support.enable()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    record = {"rank": rank, "schedules": {}}
+    for schedule, vpp in SCHEDULES:
+        with example.new_process():
+            record["schedules"][schedule] = measure_schedule(schedule, vpp)
+    # each budget in its auto engine's own terms: its resident bytes are every engine's (the
+    # same model), on top of what this process holds before building it; one budget for both
+    # processes (their re-plans must agree), from both processes' figures
+    mine = record["schedules"]
+    resident = mine["1F1B"]["start"] - mine["1F1B"]["before_build"]
+    above = {s: mine[s]["peak"] - mine[s]["start"] for s in ("1F1B", "ZBH2")}
+    record["budgets"] = {}
+    for name, over_start, pick in (("middle", (above["1F1B"] + above["ZBH2"]) // 2, max),
+                                   ("high", above["ZBH2"] * 5 // 4, max),
+                                   ("low", above["1F1B"] // 4, min)):
+        here = MEMORY.settled_current() + resident
+        budget = pick(example.exchange(rank, world, here + over_start, key=f"budget-{name}"))
+        with example.new_process():
+            record["budgets"][name] = run_budget(budget)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
