@@ -26,8 +26,9 @@ translation :mod:`pipesplit.passes.engine.strategy_config`.
 from __future__ import annotations
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.engine.hooks import Replanned, last_pipeline, pipeline_pass
-from pipesplit.passes.engine.hooks import replan as _replan_engine
+from pipesplit.passes.engine.hooks import last_pipeline, pipeline_pass
+from pipesplit.passes.engine.replanning import Replanned
+from pipesplit.passes.engine.replanning import replan as _replan_engine
 from pipesplit.passes.engine.state import engine_state
 from pipesplit.passes.engine.strategy_config import (check_strategy, config_from_strategy, measure_costs,
                               pipe_from_strategy, record_pipe, requested_schedule, use_costs,

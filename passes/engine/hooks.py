@@ -8,15 +8,12 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import sys
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
-from typing import Dict, Optional
+from typing import Optional
 
 from pipesplit.passes.transport.progress import failure_reason
 from pipesplit.passes.transport.p2p import backend_for, resolve_device
-from pipesplit.passes.transport.step_exchange import create_scope_variables
 
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
@@ -25,16 +22,16 @@ from pipesplit.passes.engine.loss_location import (LOSS_MODES, GatheredLoss, Sto
 from pipesplit.passes.checks import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
-from pipesplit.passes.engine_rank import build_engine_rank_plan, is_engine_program
+from pipesplit.passes.engine_rank import is_engine_program
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.state import ENGINE_MODE, HANDLE, EngineState, ModePlan, engine_state, state_of
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
+from pipesplit.passes.engine.replanning import engine_rank_plan, measured_replan
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
 from pipesplit.passes.pipeline import split_and_schedule
-from pipesplit.passes.engine.strategy_config import (config_from_strategy, open_engine_state, pipe_from_strategy,
+from pipesplit.passes.engine.strategy_config import (config_from_strategy, open_engine_state,
                               record_pipe)
-from pipesplit.passes.transport.launch_store import round_key
 
 #: the PipelinePlan the pass built last in this context (:func:`last_pipeline`)
 _LAST_PIPELINE: ContextVar[Optional[PipelinePlan]] = ContextVar("pipesplit_last_pipeline",
@@ -80,20 +77,6 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
         state.built = built
     _LAST_PIPELINE.set(built)
     return built.plan
-
-
-def engine_rank_plan(main, config, pipeline_strategy, state: EngineState, built=None):
-    """This rank's plan from the engine's program ``main``; the scope variables its step jobs
-    read and write (:mod:`pipesplit.passes.shared_parameters`) are made in the engine's scope
-    (Paddle's global scope), zeroed."""
-    import paddle
-
-    plan = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
-                                  pipe_from_strategy(pipeline_strategy), built=built,
-                                  shared=state.shared_parameters)
-    plan.source_program = main
-    create_scope_variables(paddle.static.global_scope(), plan.scope_variables.items())
-    return plan
 
 
 def route_the_pipeline_pass(original):
@@ -318,70 +301,6 @@ def name_a_failed_step(original):
     return run
 
 
-@dataclass(frozen=True)
-class Replanned:
-    """One re-plan of an engine's training plan."""
-
-    step: Optional[int]       # the training step measured (None: costs given to replan())
-    costs: object             # pipesplit.job_list.Costs the plan was built with
-    before: PipelinePlan
-    after: PipelinePlan
-    #: seconds of each phase of a measured re-plan on this process (profiler set-up, waits at
-    #: the rendezvous, the step, the exchange, the search and build)
-    timings: Dict[str, float] = field(default_factory=dict)
-    #: under a memory budget: the budget, the search's memory limit in units, the measured
-    #: model (pipesplit.passes.measure.memory_budget.MemoryModel.to_dict) and the bytes it
-    #: predicts per pipeline rank for the new plan
-    memory: Optional[dict] = None
-
-
-def replan(engine, costs, step: Optional[int] = None,
-           memory_limit: Optional[float] = None) -> PipelinePlan:
-    """Build ``engine``'s training plan again from the engine's program with ``costs``
-    (:class:`~pipesplit.job_list.Costs`; ``auto`` / ``autoV`` search again, under
-    ``memory_limit`` units per rank when given; every lowering uses them) and run it from the
-    next training step on.  Every process must call it between the same two steps, with the
-    same costs.  Returns the new plan."""
-    from pipesplit.job_list.costs import Costs
-
-    if not isinstance(costs, Costs):
-        raise TypeError(f"costs must be a pipesplit.job_list.Costs, got {type(costs).__name__}")
-    state = engine_state(engine)
-    before = None if state is None else state.pipeline_of("train")
-    if before is None or before.source_program is None:
-        raise ValueError("replan: this engine has no pipesplit training plan built from the "
-                         "engine's program yet (run a training step first)")
-    if engine._strategy.fused_passes.fused_passes_list:
-        raise ValueError("replan: strategy.fused_passes.fused_passes_list is set; the engine "
-                         "ran those passes on the first plan's programs, which a re-plan "
-                         "would not repeat")
-    costs.check_stages(before.config.num_stages)
-    import paddle
-
-    config = replace(before.config, costs=costs)
-    if memory_limit is not None:
-        config = replace(config, memory_limit=memory_limit)
-    with paddle.base.framework._dygraph_guard(None):  # programs are built in static mode
-        after = engine_rank_plan(before.source_program, config, engine._strategy.pipeline,
-                                 state)
-    state.modes["train"].pipeline = after
-    if engine._mode == "train":
-        engine._job_plan = after.plan
-        engine._executor._set_plan(after.plan)
-    _forget_executors(engine._executor)
-    state.replanned = Replanned(step, costs, before, after)
-    return after
-
-
-def _forget_executors(executor) -> None:
-    """Drop the executor's cached standalone executors: its cache keys on the program, feed
-    and fetches, not on the plan (a rank that fetches nothing would run the old plan), and
-    ``clear()`` empties only the cache of the old IR."""
-    cache = executor._executor_cache
-    cache.clear()
-    cache._get_cached_program_and_executor_pir_mode.cache_clear()
-
-
 def measure_and_replan(original):
     """``Engine.run``: the training step :func:`~.strategy_config.measured_step` names runs
     under Paddle's profiler; every process's job times become the costs all of them re-plan
@@ -404,84 +323,9 @@ def measure_and_replan(original):
         # (a whole-model program, every rank emulated in one process, is not re-planned)
         if step != state.measure_step or getattr(before, "source_program", None) is None:
             return original(self, *args, **kwargs)
-        return _measured_step(self, state, before, step, lambda: original(self, *args, **kwargs))
+        return measured_replan(self, state, before, step,
+                               lambda: original(self, *args, **kwargs))
     return run
-
-
-def _measured_step(engine, state: EngineState, before: PipelinePlan, step: int, run_step):
-    """Training step ``step`` under the profiler, then the re-plan every process makes from
-    what all of them measured (see :func:`measure_and_replan`)."""
-    import paddle.distributed as dist
-
-    from pipesplit.ir_utils.measure import MemoryStats
-    from pipesplit.passes.measure.memory_budget import MemoryModel, rank_memory
-    from pipesplit.passes.measure.replan import (costs_from, ops_on_this_thread, profile_jobs,
-                                                 profile_jobs_and_memory, rank_measurement,
-                                                 rendezvous, share)
-
-    budget = state.options.memory_budget
-    rank, world = dist.get_rank(), dist.get_world_size()
-    key = round_key("measured", rank)
-    clock = _Clock()
-    start_bytes = MemoryStats().settled_current() if budget is not None else None
-
-    def measured():
-        clock.lap("profiler_start_s")
-        clock.lap("wait_before_step_s", rendezvous(
-            f"{key}/step", f"the measured training step {step}", rank, world))
-        with ops_on_this_thread():
-            return run_step()
-
-    config = before.config
-    if budget is None:
-        logs, jobs = profile_jobs(measured)
-        measurement = rank_measurement(jobs, config)
-    else:
-        logs, jobs, levels = profile_jobs_and_memory(measured)
-        measurement = dict(rank_measurement(jobs, config), memory=dict(
-            rank_memory(levels, start_bytes, config.pp_stage, config.placement), budget=budget))
-    clock.lap("step_s")
-    everyone = share(measurement, key)
-    clock.lap("exchange_s")
-    comm_mode = "rendezvous" if backend_for(resolve_device("auto")) == "gloo" else "latency"
-    costs = state.options.costs or costs_from(everyone, config.num_stages, comm_mode)
-    limit, model = None, None
-    if budget is not None:
-        budgets = sorted({m["memory"]["budget"] for m in everyone})
-        if len(budgets) > 1:  # (each would search under its own limit: the plans would differ)
-            raise ValueError(f"use_memory_budget: every process must give the same budget; "
-                             f"they gave {budgets} bytes")
-        model = MemoryModel.from_measurements([m["memory"] for m in everyone], config.pp_degree)
-        costs = model.costs(costs)
-        limit = model.memory_limit(budget, config.schedule, config.pp_degree, config.vpp_degree,
-                                   config.num_micro_batches, costs)
-    after = replan(engine, costs, step, memory_limit=limit)
-    clock.lap("replan_s")
-    clock.lap("wait_after_replan_s", rendezvous(
-        f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,
-        world))
-    memory = None if model is None else {
-        "budget_bytes": budget, "memory_limit": limit, "model": model.to_dict(),
-        "predicted_peak_bytes": [int(b) for b in model.peaks(after.schedule, costs)]}
-    state.replanned = replace(state.replanned, timings=clock.laps, memory=memory)
-    print(f"pipesplit: rank {rank} measured training step {step} and re-planned: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in clock.laps.items()), file=sys.stderr,
-          flush=True)
-    return logs
-
-
-class _Clock:
-    """Named laps of one measured re-plan (seconds); a wait measured elsewhere is counted as
-    its own lap and taken out of the next."""
-
-    def __init__(self):
-        self.laps: Dict[str, float] = {}
-        self._last = time.monotonic()
-
-    def lap(self, name: str, seconds: Optional[float] = None) -> None:
-        now = time.monotonic()
-        self.laps[name] = round(now - self._last if seconds is None else seconds, 3)
-        self._last = now if seconds is None else self._last + seconds
 
 
 def whole_batch_spec(original):

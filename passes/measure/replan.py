@@ -5,7 +5,7 @@ the strategy has (:func:`pipesplit.passes.strategy.use_costs`), or the simulator
 Without given costs, every rank profiles its own jobs during one early training step
 (:data:`MEASURED_STEP` by default: the first step also builds the executor's interpreters),
 the ranks agree on the costs through the launcher's TCP store, and the plan is built again
-once with them (:func:`pipesplit.passes.engine.hooks.replan`).
+once with them (:func:`pipesplit.passes.engine.replanning.replan`).
 
 The pieces, each on its own:
 
