@@ -122,3 +122,42 @@ def test_bad_costs_for_the_strategy_are_refused(costs, error, message):
     assert not hasattr(strategy.pipeline, HANDLE)
     with pytest.raises(TypeError, match="strategy must be a paddle.distributed.Strategy"):
         ps_strategy.use_costs(object(), str(COST_FILE))
+
+
+def test_a_memory_budget_is_kept_in_bytes_and_asks_for_the_measured_step():
+    """``use_memory_budget``: bytes on the user's strategy; ``auto`` then measures step 1 even
+    with costs given (the bytes come from that step); None takes it back."""
+    from pipesplit.passes.engine.strategy_config import check_memory_budget, measured_step
+
+    pipeline = _pipeline_strategy("auto", vpp=1)
+    ps_strategy.use_costs(pipeline, str(COST_FILE))
+    assert measured_step(pipeline) is None
+    ps_strategy.use_memory_budget(pipeline, "48MB")
+    assert getattr(pipeline, HANDLE).memory_budget == 48 << 20
+    assert measured_step(pipeline) == 1
+    check_memory_budget(pipeline)  # auto, measured: served
+    ps_strategy.use_memory_budget(pipeline, None)
+    assert getattr(pipeline, HANDLE).memory_budget is None and measured_step(pipeline) is None
+
+
+@pytest.mark.parametrize("mode, measure, message", [
+    ("1F1B", 1, "schedule_mode '1F1B' does not search; only \\['auto', 'autoV'\\]"),
+    ("auto", None, "measure_costs\\(strategy, None\\) turned it off")])
+def test_a_memory_budget_the_engine_cannot_serve_is_refused(mode, measure, message):
+    from pipesplit.passes.engine.strategy_config import check_memory_budget
+
+    pipeline = _pipeline_strategy(mode, vpp=1)
+    ps_strategy.use_memory_budget(pipeline, 64 << 20)
+    ps_strategy.measure_costs(pipeline, measure)
+    with pytest.raises(ValueError, match=message):
+        check_memory_budget(pipeline)
+
+
+@pytest.mark.parametrize("budget, error, message", [
+    ("48", ValueError, "budget must be bytes with a suffix"), (-1, ValueError, "> 0 bytes"),
+    (1.5, TypeError, "budget must be an int of bytes")])
+def test_bad_memory_budgets_are_refused_and_change_nothing(budget, error, message):
+    strategy = paddle.distributed.Strategy()
+    with pytest.raises(error, match=message):
+        ps_strategy.use_memory_budget(strategy, budget)
+    assert not hasattr(strategy.pipeline, HANDLE)
