@@ -141,28 +141,22 @@ def test_bad_input_is_refused_by_name(call, named):
 
 # --------------------------------------------------------------------------- memory model
 
-def _row(schedule, units, peaks, m=4, impl="pipesplit", **extra):
-    return {"schedule": schedule, "impl": impl, "m": m, "sim_peak_units": units,
-            "peak_bytes": peaks, **extra}
+def _row(schedule, peaks, predicted=None, m=4):
+    model = None if predicted is None else {
+        "w_memory": 0.95, "predicted_peak_bytes": predicted,
+        "ranks": [{"start_bytes": 0, "unit_bytes": 10, "rest_bytes": 2}] * len(predicted)}
+    return {"schedule": schedule, "impl": "pipesplit", "m": m, "peak_bytes": peaks,
+            "memory_model": model}
 
 
-def test_the_memory_model_fits_each_rank_on_two_schedules_and_predicts_the_others():
-    from pipesplit.tools.bench.memory_model import predictions
+def test_each_measured_models_prediction_stands_beside_the_measured_peak():
+    from pipesplit.tools.bench.memory_model import memory_model_table, predictions
 
-    # rank 0: 100 bytes besides, 10 a unit; rank 1: 50 besides, 20 a unit
-    rows = [_row("FThenB", [4, 4], [140, 130]), _row("1F1B", [2, 1], [120, 70]),
-            _row("ZBH1", [2, 1.5], [126, 80]), _row("1F1B", [2, 1], [1, 1], impl="paddle"),
-            _row("auto", [2, 1], [1, 1], replanned={"step": 1})]
-    got = {(e["schedule"], e["rank"]): e for e in predictions(rows)}
-    assert set(got) == {(s, r) for s in ("FThenB", "1F1B", "ZBH1") for r in (0, 1)}
-    assert got[("ZBH1", 0)]["predicted_bytes"] == 120 and got[("ZBH1", 1)]["predicted_bytes"] == 80
-    assert got[("ZBH1", 0)]["error"] == pytest.approx(0.05) and got[("ZBH1", 1)]["error"] == 0
-    assert got[("FThenB", 1)]["calibration"] and not got[("ZBH1", 1)]["calibration"]
-    assert predictions(rows[1:]) == []  # (no FThenB: nothing to calibrate on)
-
-
-def test_two_schedules_at_the_same_units_cannot_calibrate():
-    from pipesplit.tools.bench.memory_model import calibrate
-
-    with pytest.raises(ValueError, match="rank 1: FThenB and 1F1B peak at the same 2 units"):
-        calibrate(_row("FThenB", [4, 2], [1, 2]), _row("1F1B", [2, 2], [3, 4]))
+    rows = [_row("ZBH1", [126, 80], [120, 80]), _row("1F1B", [1, 1])]  # (Paddle: no model)
+    got = predictions(rows)
+    assert [(e["schedule"], e["rank"], e["predicted_bytes"]) for e in got] == [
+        ("ZBH1", 0, 120), ("ZBH1", 1, 80)]
+    assert got[0]["error"] == pytest.approx(0.05) and got[1]["error"] == 0
+    lines = memory_model_table(got)
+    assert "w_memory 0.95" in lines[-1] and lines[-1].endswith("error +0.0%")
+    assert memory_model_table([]) == []

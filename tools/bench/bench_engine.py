@@ -308,6 +308,7 @@ class EngineRun:
         self.scope = paddle.static.Scope()
         self.spans, self.losses, self.transient = [], [], []
         self.jobs, self.profiled_span = [], (0.0, 0.0)
+        self.memory_figures = None  # pipesplit's engines: rank_memory of the profiled step
         use_impl(impl)
         before = memory.settled_current()
         timer = PassTimer()
@@ -373,16 +374,14 @@ class EngineRun:
         x, y = self.batches[index % len(self.batches)]
         use_impl(self.impl)
         with self._guards():
-            if timed:
+            if timed or profiled:
                 self.memory.settled_current()  # the previous run's frees done
                 self.memory.reset_peak()
                 start_bytes = self.memory.current()
             self.barrier()
             t0 = time.monotonic()
             if profiled:
-                from pipesplit.passes.measure.replan import profile_jobs
-
-                loss, self.jobs = profile_jobs(lambda: self.dist_model(x, y))
+                loss = self._profiled_step(lambda: self.dist_model(x, y), start_bytes)
             else:
                 loss = self.dist_model(x, y)
             t1 = time.monotonic()
@@ -396,6 +395,24 @@ class EngineRun:
         if isinstance(self.opt._learning_rate, paddle.optimizer.lr.LRScheduler):
             self.opt._learning_rate.step()
 
+    def _profiled_step(self, run, start_bytes: int):
+        """``run()`` under the profiler: its jobs (``self.jobs``) and, for pipesplit's engines,
+        this rank's memory figures as the engine's measured step takes them
+        (:func:`~pipesplit.passes.measure.memory_budget.rank_memory`)."""
+        from pipesplit.passes.measure.memory_budget import rank_memory
+        from pipesplit.passes.measure.replan import profile_jobs, profile_jobs_and_memory
+
+        if self.impl != "pipesplit":
+            loss, self.jobs = profile_jobs(run)
+            return loss
+        from pipesplit.passes.engine.state import engine_state
+
+        loss, self.jobs, levels = profile_jobs_and_memory(run)
+        config = engine_state(self.dist_model._engine).pipeline_of("train").config
+        self.memory_figures = rank_memory(levels, start_bytes, config.pp_stage,
+                                          config.placement)
+        return loss
+
     def timing(self) -> dict:
         """What the goals read: the timed steps' spans, peak bytes and pass time."""
         return {"spans": self.spans, "peak_bytes": int(self.resident + min(self.transient)),
@@ -407,7 +424,7 @@ class EngineRun:
                 "profiled_ms": (self.profiled_span[1] - self.profiled_span[0]) * 1e3,
                 "replanned": None if done is None else {"step": done.step,
                                                         "costs": done.costs.to_dict()},
-                "prepare_ms": self.prepare_ms,
+                "prepare_ms": self.prepare_ms, "memory": self.memory_figures,
                 "resident_bytes": int(self.resident), "transient_bytes": int(min(self.transient))}
 
 
@@ -552,15 +569,34 @@ def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
             "pass_ms": max(g["pass_ms"] for g in gathered)}
 
 
+def memory_model_row(run: EngineRun, gathered: Sequence[dict]) -> Optional[dict]:
+    """The memory model measured in this engine's profiled step
+    (:class:`~pipesplit.passes.measure.memory_budget.MemoryModel`) and the peak it predicts per
+    rank for the schedule the engine runs, in the row's terms (resident + the step's bytes
+    above its start); None for Paddle's engines."""
+    if any(g["memory"] is None for g in gathered):
+        return None
+    from pipesplit.job_list.costs import Costs
+    from pipesplit.passes.measure.memory_budget import MemoryModel
+
+    model = MemoryModel.from_measurements([g["memory"] for g in gathered], PP)
+    peaks = model.peaks(run.schedule, Costs())
+    return {**model.to_dict(), "predicted_peak_bytes": [
+        int(g["resident_bytes"] + peak - price.start)
+        for g, peak, price in zip(gathered, peaks, model.ranks)]}
+
+
 def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
-    per_rank = {key: [g[key] for g in gathered] for key in gathered[0] if key != "losses"}
+    per_rank = {key: [g[key] for g in gathered] for key in gathered[0]
+                if key not in ("losses", "memory")}
     profiled = max(g["profiled_ms"] for g in gathered)
     return {**timing_row(run, gathered),
             **{key: per_rank[key] for key in ("resident_bytes", "transient_bytes")},
             "pass_ms_per_rank": per_rank["pass_ms"],
             "prepare_ms": max(per_rank["prepare_ms"]), "replanned": gathered[0]["replanned"],
             "profiled_step_ms": profiled, "job_ms": [job_summary(g["jobs"]) for g in gathered],
-            "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None), **sim}
+            "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None),
+            "memory_model": memory_model_row(run, gathered), **sim}
 
 
 def iqr(values: Sequence[float]) -> float:
