@@ -6,6 +6,7 @@ import pytest
 from pipesplit.job_list import build_schedule, lower_comm, schedule_names, serves, simulate
 from pipesplit.job_list.ir import (BACKWARD, FORWARD, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
                                    SEND_FORWARD, Job)
+from pipesplit.job_list.lower import EQUAL_STEERING
 from pipesplit.job_list.simulate import Costs
 from pipesplit.job_list.validate import ScheduleError
 
@@ -75,9 +76,14 @@ def test_rendezvous_runs_the_plan_builders_lowering(name):
     costs = Costs(1.0, None, 1.5, 0.5, comm=0.25, comm_mode="rendezvous")
     result = simulate(schedule, costs)
     latency = simulate(schedule, costs.as_latency())
-    # the same lowering whatever the mode, and a lowered input is simulated as given
-    assert lower_comm(schedule, costs).ranks == lower_comm(schedule, costs.as_latency()).ranks
+    # under blocking pairs the lowering is the faster of the costs' own steering and equal
+    # times' (the latency model's lowering, or EQUAL_STEERING's), and a lowered input is
+    # simulated as given
+    chosen = lower_comm(schedule, costs).ranks
+    own, equal = (lower_comm(schedule, c) for c in (costs.as_latency(), EQUAL_STEERING))
+    assert chosen in (own.ranks, equal.ranks)
     assert simulate(lower_comm(schedule, costs), costs).makespan == result.makespan
+    assert result.makespan <= min(simulate(x, costs).makespan for x in (own, equal))
     # the timeline indexes the compute-only input's lists, every compute job once
     for rank, row in enumerate(result.timeline):
         assert [t.job for t in row] == schedule.ranks[rank]

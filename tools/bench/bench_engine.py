@@ -67,6 +67,8 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
 from pipesplit.tools.bench.bench_engine_report import (REFERENCE, add_goals,  # noqa: E402
                                                  add_loss_diffs, format_report, goals,
                                                  job_summary)
+from pipesplit.tools.bench.memory_model import measured_model, profiled_step  # noqa: E402
+from pipesplit.tools.bench.verdicts import iqr  # noqa: E402
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
                         "examples")
@@ -381,7 +383,9 @@ class EngineRun:
             self.barrier()
             t0 = time.monotonic()
             if profiled:
-                loss = self._profiled_step(lambda: self.dist_model(x, y), start_bytes)
+                loss, self.jobs, self.memory_figures = profiled_step(
+                    lambda: self.dist_model(x, y), self.dist_model, start_bytes,
+                    with_memory=self.impl == "pipesplit")
             else:
                 loss = self.dist_model(x, y)
             t1 = time.monotonic()
@@ -394,24 +398,6 @@ class EngineRun:
             self.losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
         if isinstance(self.opt._learning_rate, paddle.optimizer.lr.LRScheduler):
             self.opt._learning_rate.step()
-
-    def _profiled_step(self, run, start_bytes: int):
-        """``run()`` under the profiler: its jobs (``self.jobs``) and, for pipesplit's engines,
-        this rank's memory figures as the engine's measured step takes them
-        (:func:`~pipesplit.passes.measure.memory_budget.rank_memory`)."""
-        from pipesplit.passes.measure.memory_budget import rank_memory
-        from pipesplit.passes.measure.replan import profile_jobs, profile_jobs_and_memory
-
-        if self.impl != "pipesplit":
-            loss, self.jobs = profile_jobs(run)
-            return loss
-        from pipesplit.passes.engine.state import engine_state
-
-        loss, self.jobs, levels = profile_jobs_and_memory(run)
-        config = engine_state(self.dist_model._engine).pipeline_of("train").config
-        self.memory_figures = rank_memory(levels, start_bytes, config.pp_stage,
-                                          config.placement)
-        return loss
 
     def timing(self) -> dict:
         """What the goals read: the timed steps' spans, peak bytes and pass time."""
@@ -569,23 +555,6 @@ def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
             "pass_ms": max(g["pass_ms"] for g in gathered)}
 
 
-def memory_model_row(run: EngineRun, gathered: Sequence[dict]) -> Optional[dict]:
-    """The memory model measured in this engine's profiled step
-    (:class:`~pipesplit.passes.measure.memory_budget.MemoryModel`) and the peak it predicts per
-    rank for the schedule the engine runs, in the row's terms (resident + the step's bytes
-    above its start); None for Paddle's engines."""
-    if any(g["memory"] is None for g in gathered):
-        return None
-    from pipesplit.job_list.costs import Costs
-    from pipesplit.passes.measure.memory_budget import MemoryModel
-
-    model = MemoryModel.from_measurements([g["memory"] for g in gathered], PP)
-    peaks = model.peaks(run.schedule, Costs())
-    return {**model.to_dict(), "predicted_peak_bytes": [
-        int(g["resident_bytes"] + peak - price.start)
-        for g, peak, price in zip(gathered, peaks, model.ranks)]}
-
-
 def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
     per_rank = {key: [g[key] for g in gathered] for key in gathered[0]
                 if key not in ("losses", "memory")}
@@ -596,13 +565,7 @@ def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
             "prepare_ms": max(per_rank["prepare_ms"]), "replanned": gathered[0]["replanned"],
             "profiled_step_ms": profiled, "job_ms": [job_summary(g["jobs"]) for g in gathered],
             "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None),
-            "memory_model": memory_model_row(run, gathered), **sim}
-
-
-def iqr(values: Sequence[float]) -> float:
-    """Interquartile range (0 for a single value)."""
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [0] * 3
-    return q3 - q1
+            "memory_model": measured_model(run.schedule, gathered, PP), **sim}
 
 
 # =========================================================================== parent

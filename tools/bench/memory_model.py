@@ -12,10 +12,44 @@ the model, not of noise; ``tests/multiprocess/test_memory.py`` holds it to
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 #: the largest |measured / predicted - 1| the model is held to (issue 31)
 MEMORY_MODEL_TOLERANCE = 0.10
+
+
+def profiled_step(run, dist_model, start_bytes: int, with_memory: bool):
+    """(what ``run()`` returned, its jobs, this rank's memory figures or None): ``run()`` under
+    Paddle's profiler; ``with_memory`` (pipesplit's engines) records the allocations and takes
+    the figures as the engine's measured step does
+    (:func:`~pipesplit.passes.measure.memory_budget.rank_memory`)."""
+    from pipesplit.passes.measure.replan import profile_jobs, profile_jobs_and_memory
+
+    if not with_memory:
+        return profile_jobs(run) + (None,)
+    from pipesplit.passes.engine.state import engine_state
+    from pipesplit.passes.measure.memory_budget import rank_memory
+
+    loss, jobs, levels = profile_jobs_and_memory(run)
+    config = engine_state(dist_model._engine).pipeline_of("train").config
+    return loss, jobs, rank_memory(levels, start_bytes, config.pp_stage, config.placement)
+
+
+def measured_model(schedule, gathered: Sequence[dict], pp: int) -> Optional[dict]:
+    """The memory model one engine's profiled step measured (every rank's ``memory``,
+    :class:`~pipesplit.passes.measure.memory_budget.MemoryModel`) and the peak it predicts per
+    rank for ``schedule``, in a row's terms (resident + the step's bytes above its start);
+    None for Paddle's engines (no figures)."""
+    if any(g["memory"] is None for g in gathered):
+        return None
+    from pipesplit.job_list.costs import Costs
+    from pipesplit.passes.measure.memory_budget import MemoryModel
+
+    model = MemoryModel.from_measurements([g["memory"] for g in gathered], pp)
+    peaks = model.peaks(schedule, Costs())
+    return {**model.to_dict(), "predicted_peak_bytes": [
+        int(g["resident_bytes"] + peak - price.start)
+        for g, peak, price in zip(gathered, peaks, model.ranks)]}
 
 
 def predictions(rows: Sequence[dict]) -> List[Dict[str, object]]:

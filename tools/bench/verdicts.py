@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import random
-from statistics import median
+from statistics import median, quantiles
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 #: the interval's coverage unless told otherwise
@@ -43,6 +43,14 @@ Interval = Tuple[float, float, float]  # (median, low, high)
 
 
 # =========================================================================== samples
+
+def iqr(values: Sequence[float]) -> float:
+    """Interquartile range (0 for a single value)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = quantiles(values, n=4, method="inclusive")
+    return q3 - q1
+
 
 def paired_ratios(a_times: Sequence[float], b_times: Sequence[float]) -> List[float]:
     """``a_times[i] / b_times[i]`` per step: step i of both engines ran back to back, so their
