@@ -270,9 +270,11 @@ def make_strategy(args):
     pipeline.accumulate_steps = args.m
     pipeline.micro_batch_size = args.batch // args.m
     pipeline.split_backward = args.split_backward
+    from pipesplit.passes import strategy as pipesplit_strategy
     if args.costs and not args.paddle:  # auto searches with these, and measures nothing
-        from pipesplit.passes import strategy as pipesplit_strategy
         pipesplit_strategy.use_costs(strategy, args.costs)
+    if args.memory_budget and not args.paddle:  # auto stays within it on every rank
+        pipesplit_strategy.use_memory_budget(strategy, args.memory_budget)
     return strategy
 
 
@@ -334,6 +336,9 @@ def parse_args(argv=None):
     p.add_argument("--costs", metavar="FILE",
                    help="measured job costs for the schedule (what `pipesplit profile --json` "
                         "writes); without it auto measures step 1 and re-plans once")
+    p.add_argument("--memory-budget", metavar="BYTES",
+                   help="auto / autoV: the most allocated bytes per process, e.g. 48MB (step 1 "
+                        "measures each rank's bytes; the re-plan searches only plans that fit)")
     p.add_argument("--json", help="write losses, reference_losses and max_param_diff here")
     p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
@@ -456,7 +461,7 @@ def replan_record(dist_model):
     done = pipesplit_strategy.replanned(dist_model)
     if done is None:
         return None
-    return {"step": done.step, "costs": done.costs.to_dict(),
+    return {"step": done.step, "costs": done.costs.to_dict(), "memory": done.memory,
             "before": done.before.schedule.options.get("source", done.before.schedule.name),
             "after": done.after.schedule.options.get("source", done.after.schedule.name),
             "before_order": [list(j) for j in done.before.job_order],
