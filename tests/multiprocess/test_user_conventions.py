@@ -55,6 +55,9 @@ FOUR_PROCESSES = [
     {"tag": "mp2pp2_ZBV", "schedule": "ZBV", "vpp": 2, "mp": 2},
     {"tag": "dp2pp2_1F1B_filtered_pp_unset", "schedule": "1F1B", "dp": 2,
      "filtered_mesh": True, "pp_degree_unset": True},
+    # a memory budget priced by every process's measured step (the worst of each stage's dp
+    # pair); ample, so the re-plan searches under it and trains as the reference
+    {"tag": "dp2pp2_auto_memory_budget", "schedule": "auto", "dp": 2, "memory_budget": "1GB"},
     # sequence parallel cannot run on a CPU build: refused on every rank before anything runs
     {"tag": "mp2pp2_ZBV_sequence_parallel", "schedule": "ZBV", "vpp": 2, "mp": 2,
      "sequence_parallel": True,
@@ -105,6 +108,10 @@ def _check(results: dict, world: int) -> None:
                                                   f"{r['reference_losses']}"
             if r["config"]["toggle_modes"] and r["eval_losses"] and r["eval_losses"][0] is not None:
                 assert r["max_eval_diff"] <= TOL, f"{where}: eval {r['eval_losses']}"
+        if ranks[0]["config"]["memory_budget"]:  # re-planned under it, the same on every rank
+            memory = [r["replanned_memory"] for r in ranks]
+            assert memory[0] is not None and all(m == memory[0] for m in memory), tag
+            assert max(memory[0]["predicted_peak_bytes"]) <= memory[0]["budget_bytes"], tag
         if ranks[0]["config"]["toggle_modes"]:
             assert sorted(r["rank"] for r in ranks if r["eval_losses"]
                           and r["eval_losses"][0] is not None) == last_stage, tag

@@ -49,6 +49,8 @@ DEFAULTS = {
     "expect_error": None,         # a refusal expected before training: its message's start
     "tie": False,                 # the head multiplies by the embedding's weight, resharded
                                   # onto the last stage's mesh (a tied embedding)
+    "memory_budget": None,        # auto: use_memory_budget(strategy, this), the one more
+                                  # pipesplit line such a user adds
     "hidden": 16, "heads": 2, "vocab": 32, "seq": 8, "lr": 1e-3, "clip": 1.0, "seed": 2024,
 }
 
@@ -235,6 +237,9 @@ def make_strategy(cfg):
         strategy.gradient_merge.avg = True
         if cfg["gradient_merge"] == "acc":
             strategy.gradient_merge.k_steps = cfg["acc"]
+    if cfg["memory_budget"]:
+        from pipesplit.passes import strategy as pipesplit_strategy
+        pipesplit_strategy.use_memory_budget(strategy, cfg["memory_budget"])
     return strategy
 
 
@@ -333,6 +338,13 @@ def dp_index_of(rank, cfg):
     return int(coord[mesh.dim_names.index("dp")])
 
 
+def _replanned_memory(dist_model):
+    from pipesplit.passes import strategy as pipesplit_strategy
+
+    done = pipesplit_strategy.replanned(dist_model)
+    return None if done is None else done.memory
+
+
 def run_one(cfg, out_dir: Path):
     rank = dist.get_rank()
     folder = out_dir / cfg["tag"]
@@ -366,6 +378,7 @@ def run_one(cfg, out_dir: Path):
         "max_param_diff": max(diffs.values(), default=0.0), "params_compared": len(diffs),
         "stage": next(s for s in range(cfg["pp"]) if rank in get_mesh(s).process_ids),
         "layers_held": len(layer_params),
+        "replanned_memory": _replanned_memory(dist_model),
     }
     (folder / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
 
