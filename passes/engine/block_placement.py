@@ -123,7 +123,7 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     if not _blocks_in_model_order(dist_program.global_block().ops, seg_method, meshes):
         return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
     target = _targets(dist_program, pipeline_strategy, state, meshes)
-    moved = _reshard_boundaries(dist_program, target)
+    moved = _reshard_boundaries(dist_program, target, _block_starts(dist_program, seg_method))
     _check_feeds_reach_their_readers(moved, target, meshes, state)
     for op in dist_program.global_block().ops:
         if op.id() in target:
@@ -134,7 +134,8 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
         if src_attr is not None:  # (a reshard from a mesh that stays was made right)
             _describe_stage_reshard(out, src_attr, src, dst, chunk, dst_attr)
 
-    for op in list(dist_program.global_block().ops):  # the user's reshards nobody reads now
+    # the user's reshards nobody reads now (last first: a chain goes whole)
+    for op in reversed(list(dist_program.global_block().ops)):
         if op.name() == "dist_op.reshard" and op.result(0).use_empty():
             op.erase()
     paddle.pir.set_insertion_point_to_block_end(dist_program.global_block())
@@ -329,7 +330,19 @@ def _position(dist_program):
     return lambda op: index[op.id()]
 
 
-def _reshard_boundaries(dist_program, target) -> dict:
+def _block_starts(dist_program, seg_method) -> dict:
+    """op id -> the first op of its block, for every op inside a block."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
+
+    first, out = {}, {}
+    for op in dist_program.global_block().ops:
+        name = _extract_seg_method(op, seg_method)
+        if name is not None:
+            out[op.id()] = first.setdefault(name, op)
+    return out
+
+
+def _reshard_boundaries(dist_program, target, block_starts) -> dict:
     """A reshard (the engine's partition turns it into p2p) wherever a moved op reads a value
     from another mesh; the user's own reshards follow their readers.  Returns the reshards
     made: key -> (value, source attributes or None, source mesh, mesh, chunk, result attrs)."""
@@ -343,7 +356,7 @@ def _reshard_boundaries(dist_program, target) -> dict:
         for i, value in enumerate(op.operands_source()):
             producer = value.get_defining_op() if value.initialized() else None
             if producer is not None and producer.name() == "dist_op.reshard":
-                _follow_reshard(op, i, producer, mesh, target, moved)
+                _follow_reshard(op, i, producer, mesh, target, moved, block_starts)
                 continue
             feed = _feed_on_another_mesh(producer, mesh, target)
             if producer is None or (producer.id() not in target and not feed) \
@@ -407,31 +420,69 @@ def _check_feeds_reach_their_readers(moved, target, meshes, state) -> None:
                 f"(pipesplit.passes.engine.block_meshes) or a plain DataLoader")
 
 
-def _follow_reshard(op, index, reshard, mesh, target, moved) -> None:
+def _reshard_chain(reshard) -> list:
+    """The reshards a value went through to become ``reshard``'s result, first to last: back
+    through each placement change on the result's mesh (the library's attention re-cuts a mask
+    on its stage mesh) up to the reshard that brought the value onto that mesh (the model's cut
+    of a global-mesh mask onto the layer's stage mesh); just ``[reshard]`` when it changes mesh
+    itself or reads a value made on its mesh."""
+    chain = [reshard]
+    mesh = reshard.result(0).dist_attr().process_mesh
+    while not _changes_mesh(chain[0]):
+        source = chain[0].operand_source(0)
+        producer = source.get_defining_op() if source.initialized() else None
+        if producer is None or producer.name() != "dist_op.reshard" \
+                or producer.result(0).dist_attr().process_mesh != mesh:
+            break
+        chain.insert(0, producer)
+    return chain
+
+
+def _follow_reshard(op, index, reshard, mesh, target, moved, block_starts) -> None:
     """``op`` (moving to ``mesh``) reads the result of a reshard the user wrote (a mask cut from
-    a mesh of every stage, logits or labels made replicated ...): when the reshard's input or
-    output mesh is no longer right, ``op`` reads its own reshard from the same input onto
-    ``mesh`` with the same placements (the user's may be shared with ops that stay); one whose
-    input moves too is described later (``moved``), as :func:`_describe_stage_reshard`."""
+    a mesh of every stage, logits or labels made replicated ...), or of a chain of them
+    (:func:`_reshard_chain`): when the chain's input or output mesh is no longer right, ``op``
+    reads its own chain re-derived from the same input onto ``mesh`` with the same placements
+    hop by hop (the user's may be shared with ops that stay), so at most its first hop crosses
+    meshes; one whose input moves too is described later (``moved``), as
+    :func:`_describe_stage_reshard`.  Paddle's chunk completion counts a block's ops as one
+    run of its name and any op on a stage mesh between two runs as a block of its own: a hop
+    the user made inside ``op``'s block stays there (after ``reshard``), one that crosses
+    meshes goes just before the block, and one on the block's mesh becomes the block's first
+    op."""
     import paddle
 
-    source, result = reshard.operand_source(0), reshard.result(0)
+    chain = _reshard_chain(reshard)
+    source = chain[0].operand_source(0)
     producer = source.get_defining_op() if source.initialized() else None
     moving = producer is not None and producer.id() in target
     src_mesh = target[producer.id()][0] if moving else source.dist_attr().process_mesh
-    if result.dist_attr().process_mesh == mesh and src_mesh == source.dist_attr().process_mesh:
+    if reshard.result(0).dist_attr().process_mesh == mesh \
+            and src_mesh == source.dist_attr().process_mesh:
         return
-    key = (source.id, mesh.process_ids[0], str(result.dist_attr().placements))
-    if key not in moved:
-        paddle.pir.set_insertion_point_after(reshard)
-        src_attr = source.dist_attr()
-        feed = _feed_on_another_mesh(producer, mesh, target) and src_mesh != mesh
-        own = paddle.distributed.reshard(_copy_of_feed(source, op) if feed else source, mesh,
-                                         result.dist_attr().placements)
-        own.get_defining_op().op_role = reshard.op_role
-        if reshard.has_attr("struct_name"):  # (inside a block: it stays in the block, whose
-            # ops the chunk completion counts by name)
-            own.get_defining_op().set_str_attr("struct_name", reshard.attrs()["struct_name"])
-        moved[key] = (own, src_attr if moving or feed else None, src_mesh, mesh,
-                      target[op.id()][1], result.dist_attr(), op.id() if feed else None)
-    op.operand(index).set_source(moved[key][0])
+    value, chunk = source, target[op.id()][1]
+    start = block_starts.get(op.id())
+    for hop in chain:
+        result = hop.result(0)
+        first = hop is chain[0]
+        inside = start is not None and (hop.id() in block_starts or not (first and src_mesh != mesh))
+        key = (value.id, mesh.process_ids[0], str(result.dist_attr().placements),
+               start.id() if inside else None)
+        if key not in moved:
+            if hop.id() in block_starts or start is None:
+                paddle.pir.set_insertion_point_after(reshard)
+            else:
+                paddle.pir.set_insertion_point(start)
+            feed = first and _feed_on_another_mesh(producer, mesh, target) and src_mesh != mesh
+            own = paddle.distributed.reshard(_copy_of_feed(value, op) if feed else value, mesh,
+                                             result.dist_attr().placements)
+            own.get_defining_op().op_role = hop.op_role
+            named = hop if hop.id() in block_starts or not inside else start
+            if named.has_attr("struct_name"):
+                own.get_defining_op().set_str_attr("struct_name", named.attrs()["struct_name"])
+            described = first and (moving or feed)
+            moved[key] = (own, value.dist_attr() if described else None,
+                          src_mesh if first else mesh, mesh, chunk, result.dist_attr(),
+                          op.id() if feed else None)
+        value = moved[key][0]
+    op.operand(index).set_source(value)
