@@ -23,10 +23,12 @@ splits into ``m`` micro-batches on every rank.  Micro-batch ``k`` of the referen
 ``k``-th slice of every dp rank's block, so its mean loss is the one the engine computes.
 
 ``--style library`` writes the model as the auto-parallel Llama of Paddle's model library
-(PaddleNLP) writes it: the mask and the position ids made on the global mesh and resharded onto
-the layer's mesh *inside* each attention, the rotary tables built in the attention, and the
-decoder layers under ``paddle.distributed.fleet.utils.recompute`` (``strategy.recompute``
-on).  The schedules that move layers (VPP, ZBV, ...) move those reshards with them.
+(PaddleNLP / PaddleFormers 0.4.0) writes it: the mask and the position ids made on the global
+mesh and cut onto each layer's stage mesh in the model, then resharded on that same mesh to
+the batch split over dp *inside* each attention (two steps, a chain of reshards), the rotary
+tables built in the attention, and the decoder layers under
+``paddle.distributed.fleet.utils.recompute`` (``strategy.recompute`` on).  The schedules that
+move layers (VPP, ZBV, ...) re-derive that chain on each moved layer's mesh.
 
 ``--parallelize prefix|points`` builds the plain model and sets it up with Paddle's
 intermediate API instead of placing every weight: ``dist.parallelize(model, optimizer,
@@ -125,9 +127,9 @@ def apply_rotary(q, k, position_ids, base=10000.0):
 
 
 class LlamaAttention(nn.Layer):
-    """``library``: as the model library's attention, the mask and the position ids (on the
-    global mesh) are resharded onto this layer's stage mesh here, and the rotary tables are
-    built here."""
+    """``library``: as the model library's attention, the mask and the position ids (cut onto
+    this layer's stage mesh by the model) are resharded here on that mesh, the batch split over
+    dp, and the rotary tables are built here."""
 
     def __init__(self, hidden, heads, stage=None, library=False):
         super().__init__()
@@ -141,8 +143,8 @@ class LlamaAttention(nn.Layer):
 
     def forward(self, x, position_ids, attention_mask):
         if self.library and self.stage is not None:
-            attention_mask = dist.reshard(attention_mask, get_mesh(self.stage), list(REPLICATED))
-            position_ids = dist.reshard(position_ids, get_mesh(self.stage), list(REPLICATED))
+            attention_mask = dist.reshard(attention_mask, get_mesh(self.stage), list(ACTIVATION))
+            position_ids = dist.reshard(position_ids, get_mesh(self.stage), list(ACTIVATION))
         shape = [0, 0, self.heads, self.head_dim]
         q = self.q_proj(x).reshape(shape)
         k = self.k_proj(x).reshape(shape)
@@ -268,9 +270,8 @@ class LlamaForCausalLM(nn.Layer):
             layer_mask, layer_pos = mask, position_ids
             if self.pp is not None:
                 stage_mesh = get_mesh(layer.stage)
-                if not self.library:  # (the library's attention reshards them itself)
-                    layer_mask = dist.reshard(mask, stage_mesh, list(REPLICATED))
-                    layer_pos = dist.reshard(position_ids, stage_mesh, list(REPLICATED))
+                layer_mask = dist.reshard(mask, stage_mesh, list(REPLICATED))
+                layer_pos = dist.reshard(position_ids, stage_mesh, list(REPLICATED))
                 if i > 0 and layer.stage != self.layers[i - 1].stage:
                     x = dist.reshard(x, stage_mesh, list(ACTIVATION))
             if self.library and self.training:

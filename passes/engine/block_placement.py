@@ -176,7 +176,7 @@ def hoist_layer_input_reshards(dist_program, seg_method) -> int:
 def check_blocks_on_one_mesh(dist_program, seg_method, state) -> None:
     """Every op of a block on the block's one mesh, as Paddle's chunk completion needs (it
     asserts "The segment's ops should have same process_mesh"): a ``ValueError`` naming the op,
-    the block and the meshes, before anything runs."""
+    the block, the meshes and the values the op reads, before anything runs."""
     from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
 
     mesh_of = {}
@@ -192,7 +192,19 @@ def check_blocks_on_one_mesh(dist_program, seg_method, state) -> None:
                 f"placement): block {name!r} ({seg_method}) has its {first[1]} on mesh "
                 f"{list(first[0].process_ids)} but a {op.name()} on mesh "
                 f"{list(mesh.process_ids)}; the schedule moves a block whole, so all its ops "
-                "must run on its mesh: do the work on another mesh outside the block")
+                "must run on its mesh: do the work on another mesh outside the block (the "
+                f"{op.name()} reads {_what_it_reads(op)})")
+
+
+def _what_it_reads(op) -> str:
+    """The values ``op`` reads, each as its producer and its mesh (a message's words)."""
+    said = []
+    for value in op.operands_source():
+        producer = value.get_defining_op() if value.initialized() else None
+        attr = value.dist_attr() if value.initialized() else None
+        where = f" on mesh {list(attr.process_mesh.process_ids)}" if attr is not None else ""
+        said.append(f"the result of {producer.name() if producer else 'a block argument'}{where}")
+    return ", ".join(said) or "nothing"
 
 
 def parameters_read_elsewhere(dist_program, meshes, state) -> tuple:
