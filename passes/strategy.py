@@ -46,13 +46,22 @@ __all__ = ["MemoryBudgetError", "Replanned", "check_strategy", "config_from_stra
 
 _GROUP = "engine"
 _ROUTES = "engine_routes"
+_NAMES = "schedule_names"
+
+# From this import on, Paddle's own engine asked for a schedule only pipesplit has (an engine
+# built before enable_strategy(), whose train() may come before it too) says to call
+# enable_strategy() before dist.to_static (a ValueError), where Paddle asserts; every other call
+# of Paddle's pipeline_pass is Paddle's, unchanged.  disable_strategy() leaves it on.
+paddle_patches.enable(_NAMES)
 
 
 def enable_strategy() -> None:
     """Route ``pir_pass.pipeline_pass`` (and the engine's imported name) to pipesplit, and let
     the engines built from now on serve any pipesplit schedule name in
     ``strategy.pipeline.schedule_mode``.  Call it before ``dist.to_static``: an engine built
-    before it gets a ``ValueError`` saying so at its next call."""
+    before it gets a ``ValueError`` saying so at its next call (``train()``, a step), whatever
+    its schedule; with a schedule only pipesplit has, a ``train()`` before this call stops with
+    that ``ValueError`` already (this module's import named the schedule to Paddle's engine)."""
     if paddle_patches.is_enabled(_GROUP):
         return
     for group in (_GROUP, _ROUTES):

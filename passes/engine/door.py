@@ -8,7 +8,10 @@ in this Paddle (a :class:`PaddleMismatchError` naming each missing one), then pa
 them.  A name that several enabled groups wrap (``DistModel.__init__``) is installed ONCE, as
 Paddle's function wrapped by each group's factory in table order (an earlier patch is the inner
 one), whatever order the groups were enabled in; :meth:`PatchDoor.disable` composes again from
-Paddle's function, which comes back (the same object) when no group wraps it.  A group can be
+Paddle's function, which comes back (the same object) when no group wraps it, as does the
+composition of the groups still on (built once per set of groups: a group enabled then disabled
+leaves the very object that was there, e.g. the ``"schedule_names"`` guard that is on from
+``pipesplit.passes.strategy``'s import).  A group can be
 *held* by live objects (:meth:`PatchDoor.hold`): :meth:`PatchDoor.release` then leaves it
 installed.
 """
@@ -24,7 +27,7 @@ from pipesplit.passes._paddle import SUPPORTED_PADDLE_VERSIONS, require_supporte
 
 paddle = require_supported_paddle()
 
-GROUPS = ("engine", "engine_routes", "cpu")
+GROUPS = ("engine", "engine_routes", "cpu", "schedule_names")
 
 
 class PaddleMismatchError(RuntimeError):
@@ -63,6 +66,9 @@ class PatchDoor:
         self._originals: Dict[_Key, tuple] = {}
         #: group -> the live objects that need it installed (see :meth:`hold`)
         self._holders: Dict[str, weakref.WeakSet] = {}
+        #: (owner, name, active patches) -> (Paddle's value, its composition): the same groups
+        #: on give the same object back (a group enabled and disabled leaves what was there)
+        self._composed: Dict[tuple, tuple] = {}
         self.add_patches(patches)
 
     def add_patches(self, patches) -> None:
@@ -140,6 +146,19 @@ class PatchDoor:
     def _keys(self, group: str) -> List[_Key]:
         return list(dict.fromkeys((p.owner, p.name) for p in self.patches if p.group == group))
 
+    def _compose(self, key: _Key, original, active: tuple):
+        """``original`` wrapped by each of ``active`` in table order, built once per set of
+        active patches (a later call with the same set returns the same object)."""
+        cached = self._composed.get((key, active))
+        if cached is not None and cached[0] is original:
+            return cached[1]
+        value = original
+        for patch in active:
+            value = patch.wrap(value)
+        if active:
+            self._composed[(key, active)] = (original, value)
+        return value
+
     def _install(self, keys: List[_Key]) -> None:
         """Compose every name in ``keys`` first, then set them all (all or nothing)."""
         installs = []
@@ -148,10 +167,9 @@ class PatchDoor:
                 owner = _resolve(key[0])
                 self._originals[key] = (owner, getattr(owner, key[1]), key[1] in vars(owner))
             owner, value, owned = self._originals[key]
-            active = [p for p in self.patches if (p.owner, p.name) == key
-                      and p.group in self._enabled]
-            for patch in active:
-                value = patch.wrap(value)
+            active = tuple(p for p in self.patches if (p.owner, p.name) == key
+                           and p.group in self._enabled)
+            value = self._compose(key, value, active)
             installs.append((key, owner, value, owned, bool(active)))
         for key, owner, value, owned, patched in installs:
             if patched or owned:

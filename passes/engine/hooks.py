@@ -90,17 +90,53 @@ def route_the_pipeline_pass(original):
     return routed
 
 
+#: the schedule names Paddle 3.3.1's own engine serves (its ``pipeline_pass`` asserts them)
+PADDLE_ENGINE_SCHEDULES = ("FThenB", "1F1B", "VPP")
+
+
+def _is_pipesplit_schedule(name) -> bool:
+    from pipesplit.job_list.registry import get_spec
+
+    try:
+        return isinstance(name, str) and get_spec(name) is not None
+    except ValueError:
+        return False
+
+
+def name_a_schedule_paddle_lacks(original):
+    """``pipeline_pass`` (pir_pass's and the engine module's name), from the import of
+    :mod:`pipesplit.passes.strategy` on (group ``"schedule_names"``, innermost): Paddle's own
+    engine asked for a schedule only pipesplit has (ZBV, ZBH1, auto ...) was built before
+    :func:`~pipesplit.passes.strategy.enable_strategy` (or after ``disable_strategy()``).  Its
+    ``train()`` (or first step) then stops with a ``ValueError`` saying to call
+    ``enable_strategy()`` before ``dist.to_static``, where Paddle asserts ``pipeline scheduler
+    only support FThenB, 1F1B and VPP now``; an ``enable_strategy()`` after that ``train()``
+    would come too late for any hook of its own.  Every other call is Paddle's, unchanged."""
+    def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
+        name = getattr(pipeline_strategy, "schedule_mode", None)
+        if name not in PADDLE_ENGINE_SCHEDULES and state_of(pipeline_strategy) is None \
+                and _is_pipesplit_schedule(name):
+            raise built_before_enable(name)
+        return original(dense_main_program, dense_startup_program, pipeline_strategy)
+    return pipeline_pass
+
+
 def pipesplit_is_on() -> bool:
     """Whether new engines are pipesplit's (:func:`~pipesplit.passes.strategy.enable_strategy`
     and not disabled since)."""
     return DOOR.is_enabled("engine")
 
 
-def built_before_enable() -> ValueError:
+def built_before_enable(paddle_lacks: Optional[str] = None) -> ValueError:
+    """``paddle_lacks``: the schedule name Paddle's own engine was asked for and has not."""
+    which = "" if paddle_lacks is None else \
+        f" (or after disable_strategy()), so it is Paddle's own, and Paddle's engine has no " \
+        f"schedule strategy.pipeline.schedule_mode={paddle_lacks!r} (only " \
+        f"{', '.join(PADDLE_ENGINE_SCHEDULES)})"
     return ValueError(
         "this engine was built before pipesplit.passes.strategy.enable_strategy() was "
-        "called: call enable_strategy() (and cpu_support.enable() on a CPU build) before "
-        "dist.to_static, so the engine's strategy is checked and its stage meshes seen")
+        f"called{which}: call enable_strategy() (and cpu_support.enable() on a CPU build) "
+        "before dist.to_static, so the engine's strategy is checked and its stage meshes seen")
 
 
 def served_state(engine) -> Optional[EngineState]:

@@ -13,7 +13,13 @@ group it belongs to:
   :func:`~pipesplit.passes.strategy.disable_strategy` leaves it installed while such an engine
   lives, so the engine keeps working as it was built;
 * ``"cpu"`` - :func:`pipesplit.passes.cpu_support.enable` (hook bodies in
-  :mod:`pipesplit.passes.engine.cpu_hooks`).
+  :mod:`pipesplit.passes.engine.cpu_hooks`);
+* ``"schedule_names"`` - enabled when :mod:`pipesplit.passes.strategy` is imported, and left on
+  by ``disable_strategy()``: Paddle's own engine asked for a schedule only pipesplit has (an
+  engine built before ``enable_strategy()``, whose ``train()`` may come before it too) stops
+  with a ``ValueError`` saying to call ``enable_strategy()`` before ``dist.to_static`` instead
+  of Paddle's ``AssertionError``
+  (:func:`~pipesplit.passes.engine.hooks.name_a_schedule_paddle_lacks`).
 
 How the door installs them (checked, composed, reversible) is :mod:`.door`; :func:`enable`,
 :func:`disable`, :func:`release` and :func:`list_patches` are its door's.
@@ -41,8 +47,12 @@ _DIST_MODEL = "paddle.distributed.auto_parallel.api.DistModel"
 _PROCESS_GROUP = "paddle.distributed.auto_parallel.static.process_group.ProcessGroup"
 
 _ROUTES = "engine_routes"
+_NAMES = "schedule_names"
 
 PATCHES = (
+    # a pipesplit schedule asked of Paddle's own engine: named (innermost, under the routes)
+    Patch(_PIR_PASS, "pipeline_pass", engine_hooks.name_a_schedule_paddle_lacks, _NAMES),
+    Patch(_ENGINE, "pipeline_pass", engine_hooks.name_a_schedule_paddle_lacks, _NAMES),
     # the engine's pipeline step (pir_pass's, and the name the engine module imported)
     Patch(_PIR_PASS, "pipeline_pass", engine_hooks.route_the_pipeline_pass, _ROUTES),
     Patch(_ENGINE, "pipeline_pass", engine_hooks.route_the_pipeline_pass, _ROUTES),

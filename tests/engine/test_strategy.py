@@ -11,6 +11,7 @@ from paddle.distributed.auto_parallel.static import engine, pir_pass
 from pipesplit.ir_utils import PlanRunner, build_gpt, init_scope, read_params, run_unsplit_baseline
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes import registration
+from pipesplit.passes.engine import paddle_patches
 from pipesplit.passes.engine.state import HANDLE
 
 from _strategies import M, PP, VPP, pipeline_section as _pipeline_strategy
@@ -27,10 +28,28 @@ def enabled():
 
 
 def test_paddle_rejects_pipesplit_names_without_the_hook():
+    """Paddle's own pass, asked for a pipesplit schedule while pipesplit is off (an engine
+    built before enable_strategy()): named from the import of pipesplit.passes.strategy on,
+    Paddle's AssertionError without that guard."""
     assert not ps_strategy.is_strategy_enabled()
     built = build_gpt(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
-    with pytest.raises(AssertionError, match="FThenB, 1F1B and VPP"):
-        pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV"))
+    for name in (pir_pass.pipeline_pass, engine.pipeline_pass):
+        with pytest.raises(ValueError, match=r"^this engine was built before pipesplit\.passes"
+                           r"\.strategy\.enable_strategy\(\) was called \(or after "
+                           r"disable_strategy\(\)\), so it is Paddle's own, and Paddle's engine "
+                           r"has no schedule strategy\.pipeline\.schedule_mode='ZBV' \(only "
+                           r"FThenB, 1F1B, VPP\): call enable_strategy\(\) \(and "
+                           r"cpu_support\.enable\(\) on a CPU build\) before dist\.to_static"):
+            name([built.main], [built.main], _pipeline_strategy("ZBV"))
+    for unknown in ("NoSuchSchedule", "zbv "):  # not pipesplit's either: Paddle's own words
+        with pytest.raises(AssertionError, match="FThenB, 1F1B and VPP"):
+            pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy(unknown))
+    paddle_patches.disable("schedule_names")
+    try:
+        with pytest.raises(AssertionError, match="FThenB, 1F1B and VPP"):
+            pir_pass.pipeline_pass([built.main], [built.main], _pipeline_strategy("ZBV"))
+    finally:
+        paddle_patches.enable("schedule_names")
 
 
 @pytest.mark.parametrize("mode,vpp,split_backward", [("ZBV", 2, False), ("ZBH1", 1, False),
@@ -57,14 +76,23 @@ def test_engine_entry_point_trains_like_unsplit(enabled, mode, vpp, split_backwa
 
 
 def test_disable_restores_paddle():
-    original = pir_pass.pipeline_pass
-    was = registration.is_enabled()
+    guard = "name_a_schedule_paddle_lacks.<locals>.pipeline_pass"  # (on since the import)
     ps_strategy.enable_strategy()
-    assert registration.is_enabled()
     ps_strategy.disable_strategy()
-    assert pir_pass.pipeline_pass is original and engine.pipeline_pass is original
-    assert registration.is_enabled() == was
-    assert not ps_strategy.is_strategy_enabled()
+    assert pir_pass.pipeline_pass.__qualname__ == engine.pipeline_pass.__qualname__ == guard
+    paddle_patches.disable("schedule_names")
+    try:
+        original = pir_pass.pipeline_pass
+        assert original.__qualname__ == "pipeline_pass" and engine.pipeline_pass is original
+        was = registration.is_enabled()
+        ps_strategy.enable_strategy()
+        assert registration.is_enabled()
+        ps_strategy.disable_strategy()
+        assert pir_pass.pipeline_pass is original and engine.pipeline_pass is original
+        assert registration.is_enabled() == was
+        assert not ps_strategy.is_strategy_enabled()
+    finally:
+        paddle_patches.enable("schedule_names")
 
 
 def test_bad_strategy_values_are_named(enabled):

@@ -23,6 +23,16 @@ EXPECTED = {
                               "pipesplit.passes.strategy.enable_strategy() was called",
     "enable_after_to_static_1f1b": "ValueError: this engine was built before "
                                    "pipesplit.passes.strategy.enable_strategy() was called",
+    "enable_after_train": "ValueError: this engine was built before "
+                          "pipesplit.passes.strategy.enable_strategy() was called (or after "
+                          "disable_strategy()), so it is Paddle's own, and Paddle's engine has "
+                          "no schedule strategy.pipeline.schedule_mode='ZBV' (only FThenB, 1F1B, "
+                          "VPP): call enable_strategy() (and cpu_support.enable() on a CPU "
+                          "build) before dist.to_static",
+    "enable_after_train_1f1b": "ValueError: this engine was built before "
+                               "pipesplit.passes.strategy.enable_strategy() was called: call "
+                               "enable_strategy() (and cpu_support.enable() on a CPU build) "
+                               "before dist.to_static",
     "one_mesh": "ValueError: strategy.pipeline.pp_degree is 2, but the model's layers are "
                 "placed on 1 stage mesh(es): [0] ['pp']",
     "gradient_merge": "ValueError: strategy.gradient_merge.k_steps=2 with "

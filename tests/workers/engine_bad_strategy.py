@@ -56,6 +56,10 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
     "seg_method": (_field("vpp_seg_method", "NoSuchBlock"), ["--schedule", "ZBV"], "model"),
     "enable_after_to_static": (None, ["--schedule", "ZBV"], "late"),
     "enable_after_to_static_1f1b": (None, ["--schedule", "1F1B"], "late"),
+    # enable_strategy() after to_static AND train(): ZBV stops at train() (Paddle's own engine
+    # has no ZBV), 1F1B at its first step (Paddle built its own plan at train())
+    "enable_after_train": (None, ["--schedule", "ZBV"], "late_train"),
+    "enable_after_train_1f1b": (None, ["--schedule", "1F1B"], "late_train"),
     "one_mesh": (None, ["--schedule", "1F1B"], "one_mesh"),
     "one_mesh_zbv": (None, ["--schedule", "ZBV"], "one_mesh"),
     "gradient_merge": (lambda strategy, args: (setattr(strategy.gradient_merge, "enable", True),
@@ -85,7 +89,7 @@ def run_case(change, argv, layout) -> str:
     meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
     block_mesh = [meshes[0 if layout == "one_mesh" else i * world // args.layers]
                   for i in range(args.layers)]
-    if layout == "late":
+    if layout in ("late", "late_train"):
         pipesplit_strategy.disable_strategy()
     if layout == "cpu_late":
         cpu_support.disable()
@@ -108,6 +112,8 @@ def run_case(change, argv, layout) -> str:
         if layout == "cpu_late":
             cpu_support.enable()
         dist_model.train()
+        if layout == "late_train":
+            pipesplit_strategy.enable_strategy()
         for x, y in loader():
             dist_model(x, y)
         return "trained"
