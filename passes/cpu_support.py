@@ -14,10 +14,18 @@ and only on a build without CUDA / XPU (on such a build it does nothing):
   it is broadcast from its source rank over the gloo world group instead.
 * The engine's ``barrier`` op needs an NCCL context: on ring 0 it becomes
   ``paddle.distributed.barrier()`` over the gloo group.
-* ``DistModel`` calls ``fleet.init`` under the launcher, whose hybrid gloo groups fail at random
-  with more than two CPU processes and which the engine does not need: skipped; the global
-  group it would create is created instead when the script has not (Paddle's own scripts
-  never call ``dist.init_parallel_env()``).
+* ``DistModel`` calls ``fleet.init`` under the launcher, whose hybrid gloo groups the engine
+  does not need: skipped; the global group it would create is created instead when the script
+  has not (Paddle's own scripts never call ``dist.init_parallel_env()``).
+* Every gloo group ``paddle.distributed.new_group`` creates (``fleet.init``'s hybrid groups:
+  a trainer's, such as PaddleFormers' ``TrainingArguments`` under ``enable_auto_parallel``)
+  rendezvous in a TCP store of its own, served by its first member.  Paddle's
+  ``ProcessGroupGloo.create`` connects the group's gloo context under the bare keys ``"0"``,
+  ``"1"`` ... of the store it is given, which the global group wrote first and every group
+  writes again: in the launcher's store a member read a peer's address left by an earlier
+  group, or by a group created at the same time (pipe groups [0, 1] and [2, 3]), and with
+  four processes ``fleet.init`` failed in nearly every launch (gloo ``connect ...: Connection
+  refused`` on one rank, ``TIMEOUT`` on another).
 
 * Paddle's own pipeline plans (FThenB, 1F1B, VPP through the engine) carry ``send_v2`` /
   ``recv_v2``, whose CPU kernels are stubs: when the engine hands the plan to its executor

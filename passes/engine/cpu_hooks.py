@@ -139,12 +139,12 @@ def set_plan(original):
 
 def dist_model_init(original):
     def __init__(self, *args, **kwargs):
-        """``DistModel`` calls ``fleet.init`` when the launcher set ``POD_NAME``; its dozen
-        hybrid gloo groups (which the engine does not use) fail now and then with
-        ``Connection refused`` with more than two CPU processes: skipped on CPU.  What the
-        engine does need of it is the global group (its barrier, the parameter broadcast
-        between meshes, every gloo ring): created here when the script has not created it
-        (Paddle's own tests never call ``dist.init_parallel_env()``), left alone when it has."""
+        """``DistModel`` calls ``fleet.init`` when the launcher set ``POD_NAME``; its hybrid
+        gloo groups (which the engine does not use; a rendezvous each, see
+        :func:`gloo_group_store`) are skipped on CPU.  What the engine does need of it is the
+        global group (its barrier, the parameter broadcast between meshes, every gloo ring):
+        created here when the script has not created it (Paddle's own tests never call
+        ``dist.init_parallel_env()``), left alone when it has."""
         import os
 
         pod = os.environ.pop("POD_NAME", None)
@@ -165,3 +165,75 @@ def ensure_global_group() -> bool:
         return False
     paddle.distributed.init_parallel_env()
     return True
+
+
+def gloo_group_store(original):
+    def _new_process_group_impl(backend, store, *args, **kwargs):
+        """Paddle's ``ProcessGroupGloo.create`` rendezvous twice in the store it is given: its
+        comm context under keys prefixed by the group id, and the group's own gloo context
+        under the bare member numbers ``"0"``, ``"1"`` ... - the keys the global group wrote
+        first and every later group writes again.  A member then reads a peer's address left
+        by an earlier group, or by another group created at the same time (fleet's pipe
+        groups [0, 1] and [2, 3]): ``connect ...: Connection refused`` (that pair's listener
+        is gone) or a gloo ``TIMEOUT`` (a pair wired to the wrong process).  Each gloo group
+        created through ``new_group`` gets a store of its own instead (served by its first
+        member, announced in the launcher's store)."""
+        if backend != "gloo" or store is None:
+            return original(backend, store, *args, **kwargs)
+        import inspect
+
+        call = inspect.signature(original).bind(backend, store, *args, **kwargs)
+        call.apply_defaults()
+        call.arguments["store"] = group_store(store, call.arguments["rank"],
+                                              call.arguments["group_id"])
+        return original(*call.args, **call.kwargs)
+    return _new_process_group_impl
+
+
+#: how often the first member of a gloo group tries a free port for the group's store
+_STORE_PORT_TRIES = 20
+
+
+def group_store(store, rank: int, group_id: int):
+    """A TCP store for one gloo group's rendezvous: served by the member of group rank 0 on a
+    free port, whose ``host:port`` it sets under a key no earlier group used (a round of
+    :mod:`~pipesplit.passes.transport.launch_store`, per group id); the other members read it
+    there and connect.  The store lives as long as the group (Paddle's group holds it)."""
+    import os
+
+    from paddle.distributed.collective import _get_global_env
+    from pipesplit.passes.transport.launch_store import round_key
+
+    env = _get_global_env()
+    key = round_key(f"gloo_group_store/{group_id}", env.rank, store)
+    timeout = int(os.getenv("FLAGS_stop_check_timeout", "900"))
+    if rank != 0:
+        host, port = bytes(store.get(key)).decode().rsplit(":", 1)
+        return paddle.base.core.TCPStore(host, int(port), False, 0, timeout)
+    host = (env.current_endpoint or "").rsplit(":", 1)[0] or "127.0.0.1"
+    own, port = _serve_store(timeout)
+    store.set(key, f"{host}:{port}".encode())
+    return own
+
+
+def _serve_store(timeout: int):
+    """A master TCP store (waiting for no workers) on a free port, and the port.  Paddle's
+    plain socket server, not its libuv one: libuv aborts the process when the port was taken
+    in between; the plain one raises, and the next free port is tried."""
+    import socket
+
+    flag = "FLAGS_tcp_store_using_libuv"
+    libuv = paddle.get_flags(flag)[flag]
+    paddle.set_flags({flag: False})
+    try:
+        for attempt in range(_STORE_PORT_TRIES):
+            with socket.socket() as probe:
+                probe.bind(("", 0))
+                port = probe.getsockname()[1]
+            try:
+                return paddle.base.core.TCPStore("127.0.0.1", port, True, 0, timeout), port
+            except ValueError:
+                if attempt == _STORE_PORT_TRIES - 1:
+                    raise
+    finally:
+        paddle.set_flags({flag: libuv})

@@ -84,6 +84,8 @@ PATCHES = (
     Patch("paddle._legacy_C_ops", "barrier", cpu_hooks.barrier, "cpu"),
     Patch("paddle.base.executor.Executor", "_set_plan", cpu_hooks.set_plan, "cpu"),
     Patch(_DIST_MODEL, "__init__", cpu_hooks.dist_model_init, "cpu"),
+    Patch("paddle.distributed.collective", "_new_process_group_impl",
+          cpu_hooks.gloo_group_store, "cpu"),
 )
 
 DOOR.add_patches(PATCHES)
