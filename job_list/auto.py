@@ -80,6 +80,8 @@ __all__ = ["AUTO_NAMES", "AutoResult", "GreedyPolicy", "SearchContext", "auto_se
            "improve", "layout_orders", "layout_search", "memory_lower_bound", "minimum_memory",
            "split_patterns", "split_stages_of", "warmup_vectors"]
 
+#: the names this module registers; whether a schedule searches is
+#: :attr:`~pipesplit.job_list.registry.ScheduleSpec.searches` (its generator takes a memory limit)
 AUTO_NAMES = ("auto", "autoV")
 #: how many of the best distinct candidates the local search starts from
 LOCAL_SEARCH_SEEDS = 3
@@ -120,7 +122,7 @@ def fixed_candidates(pp: int, vpp: int, m: int, placement: str, costs: Costs):
     out = []
     for name in schedule_names():
         spec = get_spec(name)
-        if name in AUTO_NAMES or spec.placement != placement:
+        if spec.searches or spec.placement != placement:
             continue
         variants = [(name, True)] + ([] if spec.splits_backward else [(f"{name}/B", False)])
         for label, split in variants:

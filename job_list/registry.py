@@ -28,6 +28,14 @@ class ScheduleSpec:
     splits_backward: bool = False
     description: str = ""
 
+    @property
+    def searches(self) -> bool:
+        """Whether this schedule is searched (``auto`` / ``autoV``): its generator takes a
+        ``memory_limit``, so costs, a memory limit and a memory budget change its order (a
+        fixed schedule's order, and its peak, are its definition).  The one rule for "does
+        this schedule search?"."""
+        return accepts_option(self.generator, "memory_limit")
+
 
 _REGISTRY: Dict[str, ScheduleSpec] = {}
 _LOOKUP: Dict[str, str] = {}
@@ -56,6 +64,12 @@ def register_schedule(name: str, *, aliases: Sequence[str] = (), placement: str 
 def schedule_names() -> List[str]:
     """Canonical names of every registered schedule, in registration order."""
     return list(_REGISTRY)
+
+
+def searching_schedules() -> List[str]:
+    """Canonical names of the schedules that search (:attr:`ScheduleSpec.searches`), in
+    registration order."""
+    return [name for name, spec in _REGISTRY.items() if spec.searches]
 
 
 def get_spec(name: str) -> ScheduleSpec:

@@ -6,13 +6,14 @@ the passes and the engine integration read a request, they do not derive it agai
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, fields
+from typing import Optional, Union
 
 from .costs import Costs
 from .ir import Schedule
 from .placement import Placement, check_positive_int
-from .registry import accepted_options, build_schedule, get_spec, schedule_names
+from .registry import (ScheduleSpec, accepted_options, build_schedule, get_spec,
+                       searching_schedules)
 from .validate import validate
 
 #: Attributes Paddle's own pipeline passes take, plus pipesplit's.
@@ -57,13 +58,16 @@ class PipelineConfig:
         return self.split_backward or get_spec(self.schedule).splits_backward
 
     @classmethod
-    def from_attrs(cls, schedule: str, attrs: dict) -> "PipelineConfig":
+    def from_attrs(cls, schedule: Union[str, ScheduleSpec], attrs: dict) -> "PipelineConfig":
+        """The request ``attrs`` make of ``schedule`` (a name, or the spec a caller resolved
+        it to already), checked."""
         if not isinstance(attrs, dict):
             raise TypeError(f"pass attrs must be a dict, got {type(attrs).__name__}")
         unknown = sorted(set(attrs) - set(KNOWN_ATTRS))
         if unknown:
             raise ValueError(f"unknown pass attrs {unknown}; known: {sorted(KNOWN_ATTRS)}")
-        spec = get_spec(schedule)  # ValueError for unknown names
+        # (ValueError for an unknown name)
+        spec = schedule if isinstance(schedule, ScheduleSpec) else get_spec(schedule)
         if "num_micro_batches" not in attrs:
             raise ValueError("pass attr num_micro_batches is required (micro-batches per step)")
         m = check_positive_int("num_micro_batches", attrs["num_micro_batches"])
@@ -91,6 +95,14 @@ class PipelineConfig:
         if limit is not None:
             check_memory_limit(spec.name, limit)
         return cls(spec.name, m, pp, vpp, stage, split, mode, costs, limit)
+
+    def replaced(self, **changes) -> "PipelineConfig":
+        """This request with ``changes`` (pass attributes: ``costs``, ``memory_limit``,
+        ``pp_stage`` ...), checked as :meth:`from_attrs` checks every request (costs of
+        pp x vpp stages, a memory limit only for a schedule that searches); never
+        ``dataclasses.replace``, which checks nothing."""
+        attrs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "schedule"}
+        return type(self).from_attrs(self.schedule, {**attrs, **changes})
 
     def generator_options(self) -> dict:
         """The options the schedule's generator takes from this request (costs, memory limit)."""
@@ -125,11 +137,6 @@ def make_schedule(config: PipelineConfig) -> Schedule:
     return schedule
 
 
-def schedules_taking(option: str) -> List[str]:
-    """Canonical names of the schedules whose generator takes ``option`` (e.g. memory_limit)."""
-    return [name for name in schedule_names() if accepted_options(name, {option: None})]
-
-
 def check_memory_limit(schedule: str, limit) -> None:
     """``memory_limit`` is a finite number > 0, given to a schedule that searches under it.
 
@@ -140,7 +147,7 @@ def check_memory_limit(schedule: str, limit) -> None:
                         f"{type(limit).__name__} {limit!r}")
     if not math.isfinite(limit) or limit <= 0:
         raise ValueError(f"memory_limit must be a finite number > 0, got {limit!r}")
-    takers = schedules_taking("memory_limit")
+    takers = searching_schedules()
     if schedule not in takers:
         raise ValueError(f"memory_limit is not used by schedule {schedule}: only {takers} "
                          f"search under a memory limit; {schedule}'s peak is fixed by its order "

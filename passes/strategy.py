@@ -8,8 +8,10 @@ completion, its chunk check and the loss fetch.  :func:`enable_strategy`:
 
 * replaces ``pipeline_pass`` in ``pir_pass`` and in the engine (which imported the name);
 * wraps ``Engine.__init__``: the strategy is checked (a schedule that cannot serve it is a
-  ``ValueError`` naming the field), the requested name is kept beside the engine's copy of the
-  strategy and the engine sees ``"VPP"`` (the user's strategy object is a different copy);
+  ``ValueError`` naming the field) and the request resolved once into the engine's state;
+* wraps ``Engine._parallel_pir`` and ``Engine.run``: Paddle's code in them sees
+  ``schedule_mode == "VPP"`` (the user's name again after each call), so its chunk completion,
+  chunk check and loss fetch serve every pipesplit schedule;
 * wraps the engine's ``complete_chunk_id`` (nothing to do with one chunk per rank) and
   ``check_chunk_id`` (skipped when no op has a chunk id: pipesplit gives them chunk 0);
 * routes Paddle's ``pipeline_scheduler_<NAME>`` passes to pipesplit (registration.enable).
@@ -21,7 +23,9 @@ in one process); zero its gradient accumulators with ``last_pipeline().init_scop
 
 The Paddle names are replaced by :mod:`pipesplit.passes.engine.paddle_patches` (group ``"engine"``,
 the full list there), the hook bodies are :mod:`pipesplit.passes.engine.hooks`, the strategy's
-translation :mod:`pipesplit.passes.engine.strategy_config`.
+translation :mod:`pipesplit.passes.engine.strategy_config`, the user's options (``use_costs``
+...) :mod:`pipesplit.passes.engine.user_options`, the engine's state opened by
+:mod:`pipesplit.passes.engine.open_state`.
 """
 from __future__ import annotations
 
@@ -30,9 +34,10 @@ from pipesplit.passes.engine.hooks import last_pipeline, pipeline_pass
 from pipesplit.passes.engine.replanning import Replanned
 from pipesplit.passes.engine.replanning import replan as _replan_engine
 from pipesplit.passes.engine.state import engine_state
-from pipesplit.passes.engine.strategy_config import (check_strategy, config_from_strategy, measure_costs,
-                              pipe_from_strategy, record_pipe, requested_schedule, use_costs,
-                              use_memory_budget)
+from pipesplit.passes.engine.strategy_config import (check_strategy, config_from_strategy,
+                                                     pipe_from_strategy, record_pipe,
+                                                     requested_schedule)
+from pipesplit.passes.engine.user_options import measure_costs, use_costs, use_memory_budget
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes import registration
 from pipesplit.passes.engine import paddle_patches

@@ -1,8 +1,11 @@
 """pipesplit inside Paddle's auto-parallel engine (``dist.to_static`` with ``strategy.pipeline``).
 
 * :mod:`.state` - the one :class:`~.state.EngineState` of an engine, at one handle;
-* :mod:`.strategy_config`, :mod:`.strategy_checks`, :mod:`.loader_checks` - the user's strategy
-  and loader, read and checked once when the engine is made;
+  :mod:`.open_state` - opening it (the strategy read, checked and its request resolved once);
+* :mod:`.strategy_config` - the strategy in pipesplit's terms (the request, the config, the
+  pipeline); :mod:`.user_options` - ``use_costs`` / ``measure_costs`` / ``use_memory_budget``;
+* :mod:`.strategy_checks`, :mod:`.loader_checks` - the user's strategy and loader, checked once
+  when the engine is made;
 * :mod:`.hooks` - what pipesplit's stand-ins for the engine's functions do;
 * :mod:`.paddle_patches` - the one door through which they replace Paddle's names (checked,
   reversible); :mod:`.cpu_hooks` - a CPU build's gaps in the engine;

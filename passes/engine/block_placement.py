@@ -117,7 +117,7 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     seg_method = pipeline_strategy.vpp_seg_method
     if not seg_method:
         raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
-                         f"(vpp_degree={pipeline_strategy.vpp_degree})")
+                         f"(vpp_degree={state.request.vpp})")
     hoist_layer_input_reshards(dist_program, seg_method)
     meshes = get_sub_process_mesh_by_program(dist_program)
     if not _blocks_in_model_order(dist_program.global_block().ops, seg_method, meshes):
@@ -216,7 +216,7 @@ def parameters_read_elsewhere(dist_program, meshes, state) -> tuple:
     and returns its gradient once (:mod:`pipesplit.passes.shared_parameters`)."""
     from pipesplit.passes.shared_parameters import SharedParameter
 
-    placement = state.checked.placement
+    placement = state.request.placement
     ops = dist_program.global_block().ops
     chunk_of = None
     found = set()
@@ -266,7 +266,7 @@ def _targets(dist_program, pipeline_strategy, state, meshes) -> dict:
     reshards are dropped first: new boundaries follow)."""
     from paddle.distributed.auto_parallel.static.pir_pass import (_extract_seg_method,
                                                                   _get_seg_struct_names)
-    placement = state.checked.placement
+    placement = state.request.placement
     pp, vpp = placement.pp, placement.vpp
     seg_method = pipeline_strategy.vpp_seg_method
     segments = _get_seg_struct_names(dist_program.global_block().ops, seg_method)
@@ -415,7 +415,7 @@ def _check_feeds_reach_their_readers(moved, target, meshes, state) -> None:
     (a reshard in the reader's chunk): it must be fed on the rank of the stage just before
     (e.g. the labels on the last stage mesh when the V placement brings the loss back to the
     first, pp = 2); otherwise say where to feed it."""
-    placement = state.checked.placement
+    placement = state.request.placement
     for out, src_attr, src, dst, chunk, dst_attr, reader in moved.values():
         if reader is None:
             continue

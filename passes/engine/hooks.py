@@ -5,6 +5,7 @@ replaces, and the replacing itself, is :mod:`pipesplit.passes.engine.paddle_patc
 wrapped: ``docs/engine.md``."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
@@ -24,14 +25,14 @@ from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
 from pipesplit.passes.engine_rank import is_engine_program
 from pipesplit.passes.engine.door import DOOR
-from pipesplit.passes.engine.state import ENGINE_MODE, HANDLE, EngineState, ModePlan, engine_state, state_of
+from pipesplit.passes.engine.state import HANDLE, EngineState, ModePlan, engine_state, state_of
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
 from pipesplit.passes.engine.replanning import engine_rank_plan, measured_replan
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
 from pipesplit.passes.pipeline import split_and_schedule
-from pipesplit.passes.engine.strategy_config import (config_from_strategy, open_engine_state,
-                              record_pipe)
+from pipesplit.passes.engine.open_state import open_engine_state
+from pipesplit.passes.engine.strategy_config import config_from_strategy, record_pipe
 
 #: the PipelinePlan the pass built last in this context (:func:`last_pipeline`)
 _LAST_PIPELINE: ContextVar[Optional[PipelinePlan]] = ContextVar("pipesplit_last_pipeline",
@@ -158,10 +159,11 @@ def last_pipeline() -> Optional[PipelinePlan]:
 def engine_init(original):
     """``Engine.__init__``: check the pipeline strategy, fill in the fields Paddle derives
     (``pp_degree`` from the stage meshes, the gradient merge's ``k_steps``:
-    :func:`~.strategy_config.fill_in_what_paddle_derives`), keep the user's schedule name beside
-    the engine's copy and show the engine ``"VPP"``, so its chunk completion, chunk check and
-    loss fetch (``forward{vpp-1}``) serve every pipesplit schedule.  The user's own strategy
-    object is not touched (``DistModel`` hands the engine a deep copy)."""
+    :func:`~.open_state.fill_in_what_paddle_derives`) and keep the request, resolved once, in
+    the engine's state (:func:`~.open_state.open_engine_state`).  ``schedule_mode`` keeps the
+    user's name (Paddle is shown ``"VPP"`` only while it tests for it: :func:`shown_vpp`).
+    The user's own strategy object is not touched (``DistModel`` hands the engine a deep
+    copy)."""
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         pipeline = self._strategy.pipeline
@@ -170,9 +172,41 @@ def engine_init(original):
             check_names_apart(state)
             self._acc_steps = pipeline.accumulate_steps  # (Paddle's __init__ read k_steps)
             setattr(pipeline, HANDLE, state)
-            pipeline.schedule_mode = ENGINE_MODE
             DOOR.hold("engine_routes", state)  # served while it lives
     return __init__
+#: what Paddle 3.3.1's engine tests ``schedule_mode`` against (``== "VPP"``) to complete the
+#: chunk ids, check them and fetch the loss from ``forward{vpp-1}``, all of which a pipesplit
+#: schedule needs (docs/engine.md, "Why the engine is shown VPP")
+PADDLE_VPP = "VPP"
+
+
+@contextlib.contextmanager
+def paddle_sees_vpp(pipeline_strategy):
+    """``schedule_mode`` reads ``"VPP"`` inside, the user's name again after (also after an
+    exception).  The one place pipesplit writes that field, and only around the engine
+    functions that test it; pipesplit itself reads the schedule from the engine's state."""
+    name = pipeline_strategy.schedule_mode
+    pipeline_strategy.schedule_mode = PADDLE_VPP
+    try:
+        yield
+    finally:
+        pipeline_strategy.schedule_mode = name
+
+
+def shown_vpp(original):
+    """``Engine._parallel_pir`` (its chunk completion and chunk check) and ``Engine.run`` (its
+    loss fetch from ``forward{vpp-1}``), innermost: Paddle's own code runs with
+    ``schedule_mode == "VPP"`` (:func:`paddle_sees_vpp`) for an engine pipesplit serves, so
+    those three steps serve every pipesplit schedule; every other reader of the engine's
+    strategy (a trainer, a later hook, the user) sees the schedule the user named."""
+    def shown(self, *args, **kwargs):
+        if engine_state(self) is None:
+            return original(self, *args, **kwargs)
+        with paddle_sees_vpp(self._strategy.pipeline):
+            return original(self, *args, **kwargs)
+    return shown
+
+
 
 
 def keep_the_name_generator(original):
@@ -338,7 +372,7 @@ def name_a_failed_step(original):
 
 
 def measure_and_replan(original):
-    """``Engine.run``: the training step :func:`~.strategy_config.measured_step` names runs
+    """``Engine.run``: the training step :func:`~.user_options.measured_step` names runs
     under Paddle's profiler; every process's job times become the costs all of them re-plan
     with (:mod:`pipesplit.passes.measure.replan`), once.  Under a memory budget the profiler
     also records the allocations, and the search keeps every rank within the budget
@@ -435,24 +469,23 @@ def switch_to_the_mode_plan(original):
 
 
 def complete_chunk_id(original):
-    """Paddle's chunk completion, asked with ``schedule_mode="VPP"``; nothing to do for one
-    chunk per rank.  Blocks on stage meshes in model order are first given the meshes of the
-    schedule's placement (:func:`assign_placement`, looped or V); meshes that already follow
-    it (:func:`pipesplit.passes.engine.block_meshes`) are kept.  Paddle's completion then sets
-    chunk = stage // pp, told each mesh's pipeline stage by its place among the stage meshes
-    (:func:`stage_by_mesh`)."""
+    """Paddle's chunk completion (the engine calls it while :func:`shown_vpp` shows it
+    ``"VPP"``); nothing to do for one chunk per rank.  Blocks on stage meshes in model order
+    are first given the meshes of the schedule's placement (:func:`assign_placement`, looped
+    or V); meshes that already follow it (:func:`pipesplit.passes.engine.block_meshes`) are
+    kept.  Paddle's completion then sets chunk = stage // pp, told each mesh's pipeline stage
+    by its place among the stage meshes (:func:`stage_by_mesh`)."""
     def complete_chunk_id(dist_program, startup_program, pipeline_strategy):
         state = state_of(pipeline_strategy)
         if state is None:  # Paddle's own VPP
             return original(dist_program, startup_program, pipeline_strategy)
         state.pipe = record_pipe(dist_program, pipeline_strategy)
         check_labels_are_class_ids(dist_program)
-        check_sequence_parallel(dist_program, int(pipeline_strategy.vpp_degree),
-                                cpu_build=cpu_support_needed())
+        check_sequence_parallel(dist_program, state.request.vpp, cpu_build=cpu_support_needed())
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
         meshes = get_sub_process_mesh_by_program(dist_program)
-        if int(pipeline_strategy.vpp_degree) < 2:
+        if state.request.vpp < 2:
             state.shared_parameters = parameters_read_elsewhere(dist_program, meshes, state)
             return None
         assign_placement(dist_program, pipeline_strategy, state)

@@ -62,8 +62,12 @@ PATCHES = (
     Patch(f"{_ENGINE}.Engine", "__init__", engine_hooks.engine_init, "engine"),
     Patch(f"{_ENGINE}.Engine", "_prepare_program", engine_hooks.keep_plan_per_mode, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "to_mode", engine_hooks.switch_to_the_mode_plan, _ROUTES),
-    # the loss handed to the last stage innermost, then the re-plan: a failure while
-    # measuring is named too
+    # Paddle's own code shown schedule_mode "VPP" while it tests for it (chunk completion and
+    # check, the loss fetch), innermost; every other reader sees the user's name
+    Patch(f"{_ENGINE}.Engine", "_parallel_pir", engine_hooks.shown_vpp, _ROUTES),
+    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.shown_vpp, _ROUTES),
+    # the loss handed to the last stage, then the re-plan: a failure while measuring is
+    # named too
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.loss_on_the_last_stage, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.measure_and_replan, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.name_a_failed_step, _ROUTES),

@@ -70,12 +70,11 @@ def replan(engine, costs, step: Optional[int] = None,
         raise ValueError("replan: strategy.fused_passes.fused_passes_list is set; the engine "
                          "ran those passes on the first plan's programs, which a re-plan "
                          "would not repeat")
-    costs.check_stages(before.config.num_stages)
     import paddle
 
-    config = replace(before.config, costs=costs)
-    if memory_limit is not None:
-        config = replace(config, memory_limit=memory_limit)
+    # checked as every config is (costs of pp x vpp stages, a limit only for a search)
+    config = before.config.replaced(costs=costs, **(
+        {} if memory_limit is None else {"memory_limit": memory_limit}))
     with paddle.base.framework._dygraph_guard(None):  # programs are built in static mode
         after = engine_rank_plan(before.source_program, config, engine._strategy.pipeline,
                                  state)

@@ -6,16 +6,19 @@ knows about an engine is therefore one :class:`EngineState`, kept at :data:`HAND
 engine's copy of the pipeline section (which the engine alone owns: ``DistModel`` hands it a
 deep copy of the user's strategy) and reached from the engine as ``engine._strategy.pipeline``:
 
-* made once, by the engine-init hook (:func:`open_engine_state`): the strategy checked, the
-  fields Paddle derives filled in, the request resolved (schedule name, config, the schedule
-  built for the check, the measured step, block sizes);
+* made once, by the engine-init hook (:func:`~.open_state.open_engine_state`): the strategy
+  checked, the fields Paddle derives filled in, the request resolved ONCE into a
+  :class:`Request` (the name, its schedule's spec, pp, vpp, placement, whether it searches,
+  the config) beside the schedule built for the check and the measured step; every later
+  reader takes them from here, never from the strategy's fields again;
 * then filled in as the engine goes: this process's pipeline (:attr:`EngineState.pipe`, from
   the stage meshes at chunk completion), the loader's meshes, one :class:`ModePlan` per mode,
   the training steps run and the last re-plan.
 
 Before ``dist.to_static`` the same handle on the USER's strategy holds the user's
-:class:`UserOptions` (``use_costs`` / ``measure_costs`` / ``use_memory_budget``), which the deep copy carries to the
-engine's copy and :func:`open_engine_state` takes over.  An engine whose pipeline section has
+:class:`UserOptions` (:mod:`.user_options`: ``use_costs`` / ``measure_costs`` /
+``use_memory_budget``), which the deep copy carries to the engine's copy and
+:func:`~.open_state.open_engine_state` takes over.  An engine whose pipeline section has
 no :class:`EngineState` is Paddle's own: every hook leaves it alone.
 """
 from __future__ import annotations
@@ -26,16 +29,35 @@ from typing import Dict, Optional, Union
 from pipesplit.job_list import Schedule
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe
-
+from pipesplit.job_list.placement import Placement
+from pipesplit.job_list.registry import ScheduleSpec
 from pipesplit.job_list.request import PipelineConfig
 
 #: the one attribute pipesplit sets on a Paddle object (a strategy's pipeline section)
 HANDLE = "_pipesplit"
 #: :attr:`UserOptions.measure_step` when the user did not call ``measure_costs``
 DEFAULT_MEASURE = "default"
-#: the name the engine's own tests of ``schedule_mode == "VPP"`` (chunk completion, its chunk
-#: check, the loss fetch from ``forward{vpp-1}``) must see while pipesplit serves the pipeline
-ENGINE_MODE = "VPP"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``strategy.pipeline`` asks of pipesplit, resolved once
+    (:func:`~.strategy_config.resolve_request`): an engine's at its opening, kept in its
+    :class:`EngineState`."""
+
+    name: str                 # schedule_mode as the user wrote it ("auto-v")
+    spec: ScheduleSpec        # the schedule it names (spec.name: the canonical name)
+    config: PipelineConfig    # the sizes and options, checked (pp_stage None: no rank yet)
+    placement: Placement      # where the schedule puts each chunk (looped or V) on pp x vpp
+    searches: bool            # the schedule searches (ScheduleSpec.searches: auto / autoV)
+
+    @property
+    def pp(self) -> int:
+        return self.config.pp_degree
+
+    @property
+    def vpp(self) -> int:
+        return self.config.vpp_degree
 
 
 @dataclass(frozen=True)
@@ -69,8 +91,7 @@ class ModePlan:
 class EngineState:
     """Everything pipesplit keeps for one engine (see the module docstring)."""
 
-    requested: str                # the schedule name as the user wrote it
-    config: PipelineConfig        # the request resolved (pp_stage None: no rank yet)
+    request: Request              # the strategy's request, resolved once
     checked: Schedule             # the schedule built when the strategy was checked
     options: UserOptions
     measure_step: Optional[int]   # the training step measured for a re-plan (None: none)
@@ -94,7 +115,17 @@ class EngineState:
 
     @property
     def placement_kind(self) -> str:
-        return self.checked.placement.kind
+        return self.request.placement.kind
+    @property
+    def requested(self) -> str:
+        """The schedule name as the user wrote it."""
+        return self.request.name
+
+    @property
+    def config(self) -> PipelineConfig:
+        """The request's config (pp_stage None: no rank yet)."""
+        return self.request.config
+
 
     def pipeline_of(self, mode: str):
         """The PipelinePlan of ``mode`` (None before the engine prepared it)."""

@@ -51,10 +51,10 @@ def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
     from pipesplit.passes.engine.strategy_config import checked_request
 
     strategy = _pipeline_strategy(mode, vpp=vpp)
-    config, checked = checked_request(strategy)  # what the Engine.__init__ hook does
+    request, checked = checked_request(strategy)  # what the Engine.__init__ hook does
     searched = calls["simulate"]  # (auto's search simulates its candidates)
     assert calls["build"] == 1
-    setattr(strategy, HANDLE, EngineState(mode, config, checked, UserOptions(), None, {},
+    setattr(strategy, HANDLE, EngineState(request, checked, UserOptions(), None, {},
                                           frozenset()))
     built = build_gpt(num_stages=2 * vpp, hidden=16, batch_size=8, seed=3)
     ps_strategy.pipeline_pass([built.main], [built.main], strategy)

@@ -155,7 +155,7 @@ def test_bad_costs_for_the_strategy_are_refused(costs, error, message):
 def test_a_memory_budget_is_kept_in_bytes_and_asks_for_the_measured_step():
     """``use_memory_budget``: bytes on the user's strategy; ``auto`` then measures step 1 even
     with costs given (the bytes come from that step); None takes it back."""
-    from pipesplit.passes.engine.strategy_config import check_memory_budget, measured_step
+    from pipesplit.passes.engine.user_options import check_memory_budget, measured_step
 
     pipeline = _pipeline_strategy("auto", vpp=1)
     ps_strategy.use_costs(pipeline, str(COST_FILE))
@@ -172,7 +172,7 @@ def test_a_memory_budget_is_kept_in_bytes_and_asks_for_the_measured_step():
     ("1F1B", 1, "schedule_mode '1F1B' does not search; only \\['auto', 'autoV'\\]"),
     ("auto", None, "measure_costs\\(strategy, None\\) turned it off")])
 def test_a_memory_budget_the_engine_cannot_serve_is_refused(mode, measure, message):
-    from pipesplit.passes.engine.strategy_config import check_memory_budget
+    from pipesplit.passes.engine.user_options import check_memory_budget
 
     pipeline = _pipeline_strategy(mode, vpp=1)
     ps_strategy.use_memory_budget(pipeline, 64 << 20)
@@ -189,3 +189,85 @@ def test_bad_memory_budgets_are_refused_and_change_nothing(budget, error, messag
     with pytest.raises(error, match=message):
         ps_strategy.use_memory_budget(strategy, budget)
     assert not hasattr(strategy.pipeline, HANDLE)
+
+
+def _attached(pipeline):
+    """``pipeline`` with an engine's state attached, its request resolved once, as
+    ``Engine.__init__``'s hook attaches it."""
+    from pipesplit.passes.engine.state import EngineState, UserOptions
+    from pipesplit.passes.engine.strategy_config import checked_request
+
+    request, checked = checked_request(pipeline)
+    state = EngineState(request, checked, UserOptions(), None, {}, frozenset())
+    setattr(pipeline, HANDLE, state)
+    return state
+
+
+def test_the_engine_reads_the_request_from_its_state():
+    """Resolved once: the user's spelling, the spec, pp, vpp, the placement and whether the
+    schedule searches; the strategy's fields are not read again (nor rewritten)."""
+    pipeline = _pipeline_strategy("auto-v", vpp=2)
+    state = _attached(pipeline)
+    request = state.request
+    assert (request.name, request.spec.name, request.pp, request.vpp) == ("auto-v", "autoV", 2, 2)
+    assert request.placement.kind == "v" and request.searches and state.requested == "auto-v"
+    pipeline.pp_degree, pipeline.vpp_degree = 4, 1  # (no later reader looks at them)
+    config = ps_strategy.config_from_strategy(pipeline, pp_stage=1)
+    assert (config.pp_degree, config.vpp_degree, config.pp_stage) == (2, 2, 1)
+    assert ps_strategy.requested_schedule(pipeline) == "auto-v" == pipeline.schedule_mode
+
+
+def test_paddle_is_shown_vpp_only_while_its_own_code_tests_for_it():
+    """``Engine._parallel_pir`` and ``Engine.run`` (Paddle's chunk completion and check, its
+    loss fetch from ``forward{vpp-1}``) see ``schedule_mode == "VPP"``; the engine's copy keeps
+    the user's name before and after (after a failed call too); Paddle's own engine (no
+    state) is left alone."""
+    import types
+
+    from pipesplit.passes.engine.hooks import shown_vpp
+
+    pipeline = _pipeline_strategy("ZBV", vpp=2)
+    engine = types.SimpleNamespace(_strategy=types.SimpleNamespace(pipeline=pipeline))
+    seen = []
+
+    def paddle_code(self, fail=False):
+        seen.append(self._strategy.pipeline.schedule_mode)
+        if fail:
+            raise RuntimeError("a failed step")
+        return "logs"
+
+    shown = shown_vpp(paddle_code)
+    assert shown(engine) == "logs"  # Paddle's own engine
+    _attached(pipeline)
+    assert shown(engine) == "logs"
+    with pytest.raises(RuntimeError, match="a failed step"):
+        shown(engine, fail=True)
+    assert seen == ["ZBV", "VPP", "VPP"] and pipeline.schedule_mode == "ZBV"
+
+
+def test_one_rule_says_which_schedules_search():
+    from pipesplit.job_list.auto import AUTO_NAMES
+    from pipesplit.job_list.registry import get_spec, schedule_names, searching_schedules
+
+    assert searching_schedules() == list(AUTO_NAMES) == ["auto", "autoV"]
+    assert [n for n in schedule_names() if get_spec(n).searches] == list(AUTO_NAMES)
+
+
+def test_a_replanned_config_is_checked_like_any_other():
+    """A re-plan's config (new costs, a memory limit) goes through the same checks as every
+    config (``PipelineConfig.replaced``), never ``dataclasses.replace``."""
+    from dataclasses import replace
+
+    from pipesplit.job_list import Costs
+    from pipesplit.job_list.request import PipelineConfig
+
+    fixed = PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=4, pp_degree=2))
+    with pytest.raises(ValueError, match="memory_limit is not used by schedule 1F1B"):
+        fixed.replaced(memory_limit=3.0)
+    with pytest.raises(ValueError, match="costs.forward has 3 entries; the schedule has 2"):
+        fixed.replaced(costs=Costs(forward=[1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="pp_stage must be < pp_degree"):
+        fixed.replaced(pp_stage=2)
+    assert fixed.replaced(pp_stage=1) == replace(fixed, pp_stage=1)
+    searched = PipelineConfig.from_attrs("auto", dict(num_micro_batches=4, pp_degree=2))
+    assert searched.replaced(memory_limit=3.0).memory_limit == 3.0

@@ -179,8 +179,8 @@ def _pipeline_strategy(accumulate_steps=4, merge=None):
 
 @pytest.mark.parametrize("merge", [None, "default", 4])
 def test_gradient_merge_as_paddle_runs_it_is_accepted_and_set_as_paddle_sets_it(merge):
+    from pipesplit.passes.engine.open_state import fill_in_what_paddle_derives
     from pipesplit.passes.engine.strategy_checks import check_gradient_merge
-    from pipesplit.passes.engine.strategy_config import fill_in_what_paddle_derives
 
     strategy = _pipeline_strategy(merge=merge)
     check_gradient_merge(strategy)
@@ -215,7 +215,7 @@ def _on_meshes(model, meshes):
 
 def test_pp_degree_left_at_1_takes_the_number_of_stage_meshes():
     import paddle.distributed as dist
-    from pipesplit.passes.engine.strategy_config import fill_in_what_paddle_derives, stage_mesh_count
+    from pipesplit.passes.engine.open_state import fill_in_what_paddle_derives, stage_mesh_count
 
     paddle.disable_static()
     meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(2)]
@@ -251,7 +251,8 @@ def test_uneven_stages_are_simulated_with_their_sizes():
     unit costs scaled by 2 / 1.75 and 1 / 1.75; costs the user gives win; even stages keep
     the unit costs."""
     from pipesplit.job_list.costs import Costs
-    from pipesplit.passes.engine.strategy_config import block_sizes, config_from_strategy, use_costs
+    from pipesplit.passes.engine.strategy_config import block_sizes, config_from_strategy
+    from pipesplit.passes.engine.user_options import use_costs
 
     section = pipeline(**ZBV)
     blocks = block_sizes(section, placed([4, 3]))

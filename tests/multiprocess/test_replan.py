@@ -173,7 +173,7 @@ def _pipeline(schedule="auto"):
 
 
 def test_which_step_each_strategy_measures(monkeypatch):
-    from pipesplit.passes.engine.strategy_config import measured_step
+    from pipesplit.passes.engine.user_options import measured_step
 
     assert measured_step(_pipeline("auto").pipeline) == MEASURED_STEP == 1
     assert measured_step(_pipeline("auto-v").pipeline) == MEASURED_STEP

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list import build_schedule, get_spec, schedule_names
-from pipesplit.job_list.auto import AUTO_NAMES, auto_search
+from pipesplit.job_list.auto import auto_search
 from pipesplit.job_list.placement import LOOPED, V_SHAPE
 from pipesplit.job_list.simulate import Costs, simulate
 from pipesplit.job_list.validate import ScheduleError, validate
@@ -96,9 +96,9 @@ def best_of(items: Sequence[Measured]) -> Optional[Measured]:
 def pipesplit_fixed(pp: int, vpp: int, m: int, costs: Costs) -> List[Measured]:
     out = []
     for name in schedule_names():
-        if name in AUTO_NAMES:
-            continue
         spec = get_spec(name)
+        if spec.searches:
+            continue
         try:
             schedule = build_schedule(name, pp, vpp, m)
         except ValueError:
