@@ -2,7 +2,9 @@
 
 Paddle 3.3.1's auto-parallel engine assumes a GPU (or XPU) build in three places that a pipeline
 run on CPU processes (gloo) reaches before the first step; :func:`enable` patches exactly those,
-and only on a build without CUDA / XPU (on such a build it does nothing):
+and only where the process runs on the CPU (:func:`needed`: its transport,
+:class:`~pipesplit.passes.transport.gloo.GlooTransport`, says so; on a CUDA build with a GPU it
+does nothing):
 
 * ``ProcessGroup.instantiate`` asserts ``No CUDA device found``: a gloo comm context is
   registered for the group's ring instead (ring 0 is the global group: the script's
@@ -58,7 +60,7 @@ _GROUP = "cpu"
 
 def enable() -> bool:
     """Patch the engine's CPU gaps (idempotent).  Returns True if anything was patched (False
-    on a CUDA / XPU build, where nothing is needed)."""
+    on a device whose transport needs nothing: a CUDA build with a GPU)."""
     if not needed():
         return False
     paddle_patches.enable(_GROUP)

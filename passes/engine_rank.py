@@ -36,7 +36,8 @@ from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
 from pipesplit.passes.transport.lockstep import hybrid_world_ring, ring_ranks as _ring_ranks
-from pipesplit.passes.transport import LOCKSTEP, WORLD_RING, pick_transport
+from pipesplit.passes.transport import LOCKSTEP, WORLD_RING
+from pipesplit.passes.transport.base import Transport
 from pipesplit.passes.transport.ring_order import world_ring_order, world_transfers
 
 paddle = require_supported_paddle()
@@ -47,10 +48,9 @@ from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
 from pipesplit.passes.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
                                                 SharedOnThisRank, SharedParameter,
                                                 serve_shared_parameters, step_transfers)
-from pipesplit.passes.transport.step_exchange import step_program  # noqa: E402
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
-from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency, build_comm_program,  # noqa: E402
-                                    first_user, p2p_to_gloo_broadcasts, producer_of)
+from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency,  # noqa: E402
+                                            first_user, producer_of)
 
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
 HANDOFF_PREFIX = "pipesplit_p2p_"
@@ -241,25 +241,25 @@ def _optimizer_exchanges(programs) -> bool:
                                          for op in optimizer.global_block().ops)
 
 
-def _pipeline_transport(programs, found, opened, config, pipe, backend, transport):
+def _pipeline_transport(programs, found, opened, config, pipe, transport: Transport):
     """One process per stage (CPU: broadcasts on ring 0, every rank joining every transfer
     beyond two ranks) or NCCL (the engine's rings): comm programs into ``programs``; returns
-    the job order without the optimizer and its comm jobs (on CPU each bumps the progress
-    counter, so a failed step names the job it was in)."""
+    the job order without the optimizer and its comm jobs (where the transport counts
+    progress, as on CPU, each bumps the progress counter, so a failed step names the job it
+    was in)."""
     rank = config.pp_stage
     schedule, lowered = opened.schedule, opened.lowered
     process = pipe.process_of(rank)
     optimizer = programs.get(OPTIMIZER)
-    if backend == "gloo" and optimizer is not None:  # it runs last on every rank: its
-        # exchanges (two ranks: more take the lockstep) match as broadcasts
-        p2p_to_gloo_broadcasts(optimizer, process, _ring_ranks)
+    if optimizer is not None:
+        transport.prepare_optimizer(optimizer, process)
     compute = dict(programs)
     for chunk in range(config.vpp_degree):
         for kind in COMM_KINDS:
             sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
-            programs[job_type(kind, chunk)], comm_ops = build_comm_program(
-                sel, process, backend, progress=backend == "gloo" and bool(sel))
-            if backend == "nccl":
+            programs[job_type(kind, chunk)], comm_ops = transport.comm_program(
+                sel, process, progress=bool(sel))
+            if transport.stream_events:
                 add_stream_events(compute, sel, comm_ops, sending=kind.startswith("send"))
     job_order, own_comm = [], []
     for job in lowered.ranks[rank]:
@@ -274,13 +274,13 @@ def _pipeline_transport(programs, found, opened, config, pipe, backend, transpor
                                      f"{expected}")
             own_comm.append((job.type, job.micro_batch, peer_of(schedule, rank, job)))
         job_order.append((job.type, job.micro_batch))
-    if transport == WORLD_RING:  # every rank takes part in every transfer
+    if transport.way == WORLD_RING:  # every rank takes part in every transfer
         job_order, own_comm, bystanders = world_ring_order(
             schedule, opened.order, rank, world_transfers(found, schedule, rank), job_order,
             own_comm, programs, progress=True)
     else:
         bystanders = {}
-    if backend != "gloo":  # (NCCL comm programs count no progress)
+    if not transport.counts_progress:  # (e.g. NCCL comm programs)
         return job_order, CommProgress()
     process_of = pipe.process_of  # the report names processes, as the user's launcher does
     return job_order, CommProgress(
@@ -288,11 +288,13 @@ def _pipeline_transport(programs, found, opened, config, pipe, backend, transpor
         {t: (process_of(a), process_of(b)) for t, (a, b) in bystanders.items()})
 
 
-def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
+def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Transport,
                            pipe: Optional[Pipe] = None, built=None,
                            shared: Sequence[SharedParameter] = ()) -> PipelinePlan:
     """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
-    modified).  ``backend``: "gloo" (CPU: broadcasts on ring 0) or "nccl".  ``pipe``: this
+    modified).  ``transport``: the engine's (its device's,
+    :func:`~pipesplit.passes.transport.devices.transport_for`); the plan chooses its way from
+    the world, ``pp`` and the optimizer's exchanges.  ``pipe``: this
     process's pipeline (which process runs each pipeline rank; default one process per stage,
     pipeline rank = process).  ``built``: the schedule the strategy check built.  ``shared``:
     the parameters read on another stage's rank (sent once per step:
@@ -322,16 +324,16 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, backend: str,
     programs = dict(split.programs)
     if OPTIMIZER in programs:  # (evaluation and prediction have none)
         clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
-    world = paddle.distributed.get_world_size()
-    transport = pick_transport(backend, world, config.pp_degree, _optimizer_exchanges(programs))
-    if transport == LOCKSTEP:
+    transport = transport.for_plan(paddle.distributed.get_world_size(), config.pp_degree,
+                                   _optimizer_exchanges(programs))
+    if transport.way == LOCKSTEP:
         job_order = hybrid_world_ring(programs, found, opened, config, pipe)
         progress = CommProgress()  # (its lockstep jobs count no progress)
     else:
         job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,
-                                                  backend, transport)
+                                                  transport)
     job_order = _with_step_exchanges(job_order, programs, shared, here, schedule.placement,
-                                     pipe, pipe.process_of(rank), transport, world)
+                                     pipe, pipe.process_of(rank), transport)
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     plan = make_plan(job_order, used, config.num_micro_batches)
     split.programs = programs
@@ -346,7 +348,7 @@ def _ring_of(op) -> Tuple[int, Tuple[int, ...]]:
 
 
 def _with_step_exchanges(job_order, programs, shared, here: SharedOnThisRank, placement,
-                         pipe: Pipe, process: int, transport: str, world: int
+                         pipe: Pipe, process: int, transport: Transport
                          ) -> List[Tuple[str, int]]:
     """``job_order`` with the step's shared-parameter exchanges (their programs added to
     ``programs``): the weights before the first job, their gradients just before the
@@ -354,9 +356,9 @@ def _with_step_exchanges(job_order, programs, shared, here: SharedOnThisRank, pl
     for phase in (SHARED_WEIGHTS, SHARED_GRADS):
         if phase == SHARED_GRADS and not (here.training and OPTIMIZER in programs):
             continue  # (evaluation and prediction send no gradients)
-        program = step_program(step_transfers(shared, placement, pipe, phase, here),
-                               process, transport, world,
-                               here.zeroed.items() if phase == SHARED_WEIGHTS else ())
+        program = transport.step_program(step_transfers(shared, placement, pipe, phase, here),
+                                         process,
+                                         here.zeroed.items() if phase == SHARED_WEIGHTS else ())
         if program is not None:
             programs[phase] = program
     order = ([(SHARED_WEIGHTS, 0)] if SHARED_WEIGHTS in programs else []) + list(job_order)

@@ -35,7 +35,7 @@ from pipesplit.job_list.lower import peer_of
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
-from pipesplit.passes.transport import WORLD_RING, pick_transport
+from pipesplit.passes.transport import WORLD_RING
 
 paddle = require_supported_paddle()
 
@@ -43,9 +43,10 @@ from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
 from pipesplit.passes.transport.ring_order import comm_transfers, world_ring_order  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
-from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency, all_reduce_sum,  # noqa: E402
-                                    backend_for, build_comm_program, first_user, producer_of,
-                                    resolve_device, ring_pair)
+from pipesplit.passes.transport.base import Transport  # noqa: E402
+from pipesplit.passes.transport.devices import transport_for  # noqa: E402
+from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency,  # noqa: E402
+                                            first_user, producer_of)
 
 
 @dataclass
@@ -63,7 +64,7 @@ class RankInfo:
 
     rank: int
     pp: int
-    backend: str                      # "gloo" (CPU) or "nccl" (GPU)
+    transport: Transport              # the plan's (way chosen): gloo on CPU, NCCL on GPU
     stages: Dict[int, int]            # local chunk -> global stage
     param_names: List[str]            # parameters this rank holds and updates
     comm: Dict[str, CommJobInfo] = field(default_factory=dict)
@@ -78,6 +79,11 @@ class RankInfo:
     # all-reduces in the optimizer (global-norm clipping, tied weights) and their NCCL ring
     num_all_reduces: int = 0
     reduce_ring_id: Optional[int] = None
+
+    @property
+    def backend(self) -> str:
+        """Paddle's name of the plan's collective backend."""
+        return self.transport.backend
 
     @property
     def progress(self) -> CommProgress:
@@ -142,24 +148,6 @@ def cross_rank_transfers(split: SplitProgram, schedule: Schedule) -> List[Transf
             out.append(Transfer(name, value.type(), placement.rank_of(pstage),
                                 placement.rank_of(cstage), pstage, cstage))
     return out
-
-
-def p2p_ring_ids(schedule: Schedule) -> Dict[Tuple[int, int], int]:
-    """One NCCL p2p ring per pair of ranks holding adjacent stages, created in the same order
-    on every rank (Paddle's auto-parallel ``new_process_group``, so ``instantiate()`` makes the
-    comm contexts the executor looks up by ring id)."""
-    from paddle.distributed.auto_parallel.static.process_group import new_process_group
-
-    placement = schedule.placement
-    ids = {}
-    for s in range(schedule.num_stages - 1):
-        a, b = placement.rank_of(s), placement.rank_of(s + 1)
-        if a == b:
-            continue
-        pair = ring_pair(a, b)
-        if pair not in ids:
-            ids[pair] = new_process_group(list(pair), group_type="p2p").id
-    return ids
 
 
 def filter_optimizer(program, owners: Dict[str, Set[int]], rank: int, pp: int,
@@ -309,7 +297,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     rank = config.pp_stage
     if rank is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
-    backend = backend_for(resolve_device(device))
+    transport = transport_for(device).for_plan(config.pp_degree, config.pp_degree)
     opened = open_schedule(config, main_program, built)
     schedule, lowered = opened.schedule, opened.lowered
     split, report = split_sub_programs(main_program, config, schedule=schedule)
@@ -318,15 +306,15 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     owners, params = _ownership(split, schedule.placement)
     programs = _local_compute_programs(split, stages, schedule.is_forward_only)
     transfers = cross_rank_transfers(split, schedule)
-    ring_ids = p2p_ring_ids(schedule) if backend == "nccl" else {}
-    comm = _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_ids,
+    ring_ids = transport.p2p_rings(schedule)
+    comm = _add_comm_programs(programs, split, stages, rank, transport, transfers, ring_ids,
                               progress)
     programs[OPTIMIZER], num_all_reduces, reduce_ring_id = _rank_optimizer(
-        split.programs[OPTIMIZER], owners, rank, config.pp_degree, backend)
+        split.programs[OPTIMIZER], owners, rank, config.pp_degree, transport)
 
     job_order, comm_sequence = _rank_job_order(lowered, schedule, rank, comm)
     bystanders: Dict[str, Tuple[int, int]] = {}
-    if pick_transport(backend, config.pp_degree, config.pp_degree) == WORLD_RING:
+    if transport.way == WORLD_RING:
         job_order, comm_sequence, bystanders = world_ring_order(
             schedule, opened.order, rank, transfers, job_order, comm_sequence, programs,
             progress)
@@ -337,7 +325,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     used = dict.fromkeys(t for t, _ in job_order)
     plan = make_plan(job_order, {t: programs[t] for t in used}, config.num_micro_batches)
     local = {n for n, r in owners.items() if rank in r}
-    info = RankInfo(rank=rank, pp=config.pp_degree, backend=backend, stages=stages,
+    info = RankInfo(rank=rank, pp=config.pp_degree, transport=transport, stages=stages,
                     param_names=sorted(p for p in params if p in local),
                     comm=comm, ring_ids=ring_ids,
                     fetch_names=[n for _, n in rank_split.fetches],
@@ -373,7 +361,7 @@ def _local_compute_programs(split: SplitProgram, stages: Dict[int, int], forward
             for c, s in stages.items() for kind in kinds if job_type(kind, s) in split.programs}
 
 
-def _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_ids, progress
+def _add_comm_programs(programs, split, stages, rank, transport, transfers, ring_ids, progress
                        ) -> Dict[str, CommJobInfo]:
     """A send / recv program for every comm kind of every local chunk, into ``programs``;
     returns what each one exchanges with whom."""
@@ -383,29 +371,27 @@ def _add_comm_programs(programs, split, stages, rank, backend, transfers, ring_i
         for kind in COMM_KINDS:
             t = job_type(kind, c)
             sel = comm_transfers(kind, s, transfers)
-            prog, comm_ops = build_comm_program(sel, rank, backend, ring_ids=ring_ids,
-                                                progress=progress and bool(sel) and backend == "gloo")
+            prog, comm_ops = transport.comm_program(sel, rank, ring_ids=ring_ids,
+                                                    progress=progress and bool(sel))
             programs[t] = prog
             peer = None
             if sel:
                 peer = sel[0].dst if sel[0].src == rank else sel[0].src
             comm[t] = CommJobInfo(t, peer, sel)
-            if backend == "nccl":
+            if transport.stream_events:
                 _add_events(split, stage_to_chunk, kind, s, sel, comm_ops, programs)
     return comm
 
 
-def _rank_optimizer(opt, owners, rank: int, pp: int, backend: str):
+def _rank_optimizer(opt, owners, rank: int, pp: int, transport: Transport):
     """(the optimizer program cut to this rank's parameters, its number of all-reduces, the
-    NCCL ring of every pipeline rank they use or None)."""
-    reduce_ring = []  # NCCL: one ring of every pipeline rank, made on first use
+    ring of every pipeline rank they use or None)."""
+    reduce_ring = []  # the transport's ring of every pipeline rank, made on first use
 
     def all_reduce(value):
-        if backend == "nccl" and not reduce_ring:
-            from paddle.distributed.auto_parallel.static.process_group import new_process_group
-
-            reduce_ring.append(new_process_group(list(range(pp))).id)
-        return all_reduce_sum(value, backend, reduce_ring[0] if reduce_ring else None)
+        if not reduce_ring:
+            reduce_ring.append(transport.reduce_ring(pp))
+        return transport.all_reduce_sum(value, reduce_ring[0])
 
     with paddle.static.program_guard(opt):
         num_all_reduces = filter_optimizer(opt, owners, rank, pp, all_reduce)

@@ -164,20 +164,12 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
 
 
 def _rank_place(info):
-    """The rank's place; on NCCL the comm contexts of its rings, made in the same order on
-    every rank."""
-    import paddle
-
-    if info.backend != "nccl":
-        return paddle.CPUPlace()
-    from paddle.distributed.auto_parallel.static.process_group import get_process_group
-
+    """The rank's place, its transport's; with NCCL once the comm contexts of its rings are
+    made, in the same order on every rank."""
     rings = set(info.ring_ids.values())
     if info.reduce_ring_id is not None:  # clipping / tied-weight all-reduces
         rings.add(info.reduce_ring_id)
-    for ring_id in sorted(rings):
-        get_process_group(ring_id).instantiate()
-    return paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id)
+    return info.transport.rank_place(rings)
 
 
 def _train_steps(args, rank, model, pipeline, scope, place, log) -> list:

@@ -6,6 +6,7 @@ in place of Paddle's ``original``; the replacing itself is
 from __future__ import annotations
 
 from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.transport import GLOO
 
 paddle = require_supported_paddle()
 
@@ -14,9 +15,12 @@ _gloo_rings: set = set()
 
 
 def needed() -> bool:
-    """True on a build without CUDA and XPU, where the engine cannot start a pipeline."""
-    core = paddle.base.core
-    return not (core.is_compiled_with_cuda() or core.is_compiled_with_xpu())
+    """True where the engine cannot start a pipeline without these stand-ins: the device this
+    process runs on has a transport that needs them (a CPU build: gloo), by the one device rule
+    of :func:`pipesplit.passes.transport.devices.transport_for`."""
+    from pipesplit.passes.transport.devices import transport_for
+
+    return transport_for("auto").needs_cpu_support
 
 
 def instantiate_gloo(group) -> None:
@@ -178,7 +182,7 @@ def gloo_group_store(original):
         is gone) or a gloo ``TIMEOUT`` (a pair wired to the wrong process).  Each gloo group
         created through ``new_group`` gets a store of its own instead (served by its first
         member, announced in the launcher's store)."""
-        if backend != "gloo" or store is None:
+        if backend != GLOO or store is None:
             return original(backend, store, *args, **kwargs)
         import inspect
 

@@ -14,12 +14,10 @@ from contextvars import ContextVar
 from typing import Optional
 
 from pipesplit.passes.transport.progress import failure_reason
-from pipesplit.passes.transport.p2p import backend_for, resolve_device
 
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
-from pipesplit.passes.engine.loss_location import (LOSS_MODES, GatheredLoss, StoredLoss,
-                                                    hand_the_loss_on)
+from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
 from pipesplit.passes.checks import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
@@ -333,11 +331,10 @@ def loss_on_the_last_stage(original):
         if dist.get_world_size() == 1:  # (every rank emulated in one process)
             return logs
         if state.loss_carrier is None:
-            state.loss_carrier = GatheredLoss(dist.get_world_size(),
-                                              state.config.num_micro_batches) \
-                if backend_for(resolve_device("auto")) == "gloo" else StoredLoss()
+            state.loss_carrier = state.transport.loss_carrier(dist.get_world_size(),
+                                                              state.config.num_micro_batches)
         return hand_the_loss_on(logs, state.pipe, state.checked.placement, dist.get_rank(),
-                                bool(self._strategy.return_numpy), state.loss_carrier)
+                                bool(self._strategy.return_numpy), carrier=state.loss_carrier)
     return run
 
 

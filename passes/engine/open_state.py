@@ -60,6 +60,7 @@ def open_engine_state(engine) -> EngineState:
     from pipesplit.passes.engine.strategy_checks import (check_fields, check_gradient_merge,
                                                          check_model, check_world)
     from pipesplit.passes.engine.surgery import placements_of
+    from pipesplit.passes.transport.devices import transport_for
 
     pipeline = engine._strategy.pipeline
     check_fields(pipeline)
@@ -74,4 +75,4 @@ def open_engine_state(engine) -> EngineState:
                        measure_step=measured_step(pipeline, request),
                        user_placements=placements_of(engine._model),
                        parameter_names=frozenset(p.name for p in engine._model.parameters()),
-                       scope=paddle.static.global_scope())
+                       scope=paddle.static.global_scope(), transport=transport_for("auto"))

@@ -13,7 +13,6 @@ from typing import Dict, Optional
 from pipesplit.passes.core import PipelinePlan
 from pipesplit.passes.engine.state import EngineState, engine_state
 from pipesplit.passes.transport.launch_store import round_key
-from pipesplit.passes.transport.p2p import backend_for, resolve_device
 from pipesplit.passes.transport.step_exchange import create_scope_variables
 from pipesplit.passes.engine_rank import build_engine_rank_plan
 from pipesplit.passes.engine.strategy_config import pipe_from_strategy
@@ -25,11 +24,12 @@ def engine_rank_plan(main, config, pipeline_strategy, state: EngineState, built=
     (Paddle's global scope), zeroed."""
     import paddle
 
-    plan = build_engine_rank_plan(main, config, backend_for(resolve_device("auto")),
+    plan = build_engine_rank_plan(main, config, state.transport,
                                   pipe_from_strategy(pipeline_strategy), built=built,
                                   shared=state.shared_parameters)
     plan.source_program = main
-    create_scope_variables(paddle.static.global_scope(), plan.scope_variables.items())
+    create_scope_variables(paddle.static.global_scope(), plan.scope_variables.items(),
+                           state.transport.device_place())
     return plan
 
 
@@ -104,8 +104,7 @@ def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int,
     from pipesplit.ir_utils.measure import MemoryStats
     from pipesplit.passes.measure.memory_budget import MemoryModel, rank_memory
     from pipesplit.passes.measure.replan import (costs_from, ops_on_this_thread, profile_jobs,
-                                                 profile_jobs_and_memory, rank_measurement,
-                                                 rendezvous, share)
+                                                 profile_jobs_and_memory, rank_measurement)
 
     budget = state.options.memory_budget
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -115,7 +114,7 @@ def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int,
 
     def measured():
         clock.lap("profiler_start_s")
-        clock.lap("wait_before_step_s", rendezvous(
+        clock.lap("wait_before_step_s", state.transport.rendezvous(
             f"{key}/step", f"the measured training step {step}", rank, world))
         with ops_on_this_thread():
             return run_step()
@@ -129,10 +128,10 @@ def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int,
         measurement = dict(rank_measurement(jobs, config), memory=dict(
             rank_memory(levels, start_bytes, config.pp_stage, config.placement), budget=budget))
     clock.lap("step_s")
-    everyone = share(measurement, key)
+    everyone = state.transport.share(measurement, key)
     clock.lap("exchange_s")
-    comm_mode = "rendezvous" if backend_for(resolve_device("auto")) == "gloo" else "latency"
-    costs = state.options.costs or costs_from(everyone, config.num_stages, comm_mode)
+    costs = state.options.costs or costs_from(everyone, config.num_stages,
+                                              state.transport.comm_mode)
     limit, model = None, None
     if budget is not None:
         budgets = sorted({m["memory"]["budget"] for m in everyone})
@@ -145,7 +144,7 @@ def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int,
                                    config.num_micro_batches, costs)
     after = replan(engine, costs, step, memory_limit=limit)
     clock.lap("replan_s")
-    clock.lap("wait_after_replan_s", rendezvous(
+    clock.lap("wait_after_replan_s", state.transport.rendezvous(
         f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,
         world))
     memory = None if model is None else {

@@ -109,6 +109,9 @@ class EngineState:
     shared_parameters: tuple = ()
     # what hands a V placement's loss to the last stage (pipesplit.passes.engine.loss_location)
     loss_carrier: Optional[object] = None
+    # what moves between this engine's processes: its device's Transport
+    # (pipesplit.passes.transport.devices.transport_for), chosen once where the state is opened
+    transport: Optional[object] = None
 
     def __deepcopy__(self, memo):
         return self  # one state per engine, however often Paddle copies its strategy

@@ -119,7 +119,7 @@ def _schedule_of(pipeline_strategy, request: Optional[Request]) -> Tuple[Schedul
 
 def _on_cuda() -> bool:
     """Whether the engine runs on a GPU (the one device rule, as the pass's transport)."""
-    from pipesplit.passes.transport.p2p import resolve_device
+    from pipesplit.passes.transport.devices import resolve_device
 
     return resolve_device("auto") == "gpu"
 

@@ -1,43 +1,45 @@
-"""How a plan's sub-programs reach each other across processes, and which way a plan takes.
+"""Between processes: everything that moves from one process of a launch to another.
 
+One :class:`~.base.Transport` per device type owns it (:mod:`.devices` holds the registry,
+device type -> class, and the one rule that names the device a process runs on):
+
+* :mod:`.base` - the :class:`~.base.Transport` base class: what every device type answers;
+* :mod:`.gloo` - :class:`~.gloo.GlooTransport` (CPU builds): its ways :data:`BROADCAST`,
+  :data:`WORLD_RING` and :data:`LOCKSTEP`, and the CPU build's missing collectives;
+* :mod:`.nccl` - :class:`~.nccl.NcclTransport` (CUDA builds): the engine's NCCL rings;
 * :mod:`.p2p` - the comm programs: transfers between stages as NCCL send / recv, or, on CPU,
   as gloo broadcasts (one communicator per process: ring 0);
 * :mod:`.ring_order` - the CPU world ring beyond two pipeline ranks (every process takes part
   in every exchange, at its place in the plan opening's global order);
 * :mod:`.world_ring`, :mod:`.lockstep` - the CPU lockstep of hybrid meshes (dp / mp beside
   pp): every collective a world gather, every process in one global order of every job;
+* :mod:`.step_exchange` - values sent once per step (a parameter another stage reads);
+* :mod:`.loss_carriers` - the step's loss handed from one process to another;
 * :mod:`.progress` - the comm progress a failed or stuck step is named by;
-* :mod:`.launch_store` - the launcher's TCP store the processes exchange shapes and costs
-  through, and the round of each exchange.
+* :mod:`.launch_store`, :mod:`.rendezvous` - the launcher's TCP store the processes exchange
+  shapes and costs through, the round of each exchange, and the bounded rendezvous.
 
-:func:`pick_transport` is the one rule that picks among them for a plan.
+This module holds the names only (it imports nothing, so every module of the package can
+import it).  Outside this package no code names a backend by its string: Paddle's APIs that
+want one get :data:`GLOO` / :data:`NCCL`, and everything else asks the transport.
 """
 from __future__ import annotations
 
-#: NCCL send / recv on the engine's rings (a CUDA build)
+#: Paddle's name of the CPU collective backend (``PADDLE_DISTRI_BACKEND``, ``new_group``)
+GLOO = "gloo"
+#: Paddle's name of the CUDA collective backend; also the NCCL transport's one way: send /
+#: recv on the engine's rings
 NCCL = "nccl"
+#: the collective backends pipesplit builds for (tests/test_architecture.py reads this line:
+#: no other package names them)
+BACKENDS = (GLOO, NCCL)
+
+# The ways a plan's processes reach each other (``Transport.way``, chosen per plan by
+# ``Transport.for_plan``):
 #: gloo broadcasts on ring 0 between the two pipeline ranks
 BROADCAST = "broadcast"
 #: gloo broadcasts on ring 0, every process taking part in every exchange (pp > 2)
 WORLD_RING = "world_ring"
 #: every collective of every job a world gather, all processes in one global order
 LOCKSTEP = "lockstep"
-TRANSPORTS = (NCCL, BROADCAST, WORLD_RING, LOCKSTEP)
-
-
-def pick_transport(backend: str, world_size: int, pp: int,
-                   optimizer_exchanges: bool = False) -> str:
-    """The transport of a plan for ``pp`` pipeline ranks among ``world_size`` processes.
-
-    ``backend`` "nccl" is :data:`NCCL`.  On CPU ("gloo") one process can use one communicator:
-    dp / mp beside the pipeline (``world_size > pp``), or an optimizer exchanging values between
-    more than two pipeline ranks (``optimizer_exchanges``: the global norm of
-    ``ClipGradByGlobalNorm``), need the :data:`LOCKSTEP`; otherwise more than two ranks take
-    the :data:`WORLD_RING` and two the plain :data:`BROADCAST`."""
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl":
-        return NCCL
-    if world_size > pp or (pp > 2 and optimizer_exchanges):
-        return LOCKSTEP
-    return WORLD_RING if pp > 2 else BROADCAST
+WAYS = (NCCL, BROADCAST, WORLD_RING, LOCKSTEP)

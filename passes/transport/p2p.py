@@ -36,36 +36,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import paddle
 
 from pipesplit.job_list.ir import bystander_type
-
-BACKENDS = ("gloo", "nccl")
-#: where a plan runs: "auto" asks Paddle (:func:`resolve_device`)
-DEVICES = ("auto", "cpu", "gpu")
+from pipesplit.passes.transport import BACKENDS
 CPU_RING_ID = 0
 PROGRESS_VAR = "pipesplit_comm_progress"
-
-
-def resolve_device(device: str = "auto") -> str:
-    """"cpu" or "gpu": ``device`` itself, or for "auto" Paddle's current expected place (a
-    GPU build with a visible GPU when the place says neither)."""
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    if device != "auto":
-        return device
-    place = paddle.framework._current_expected_place()
-    if isinstance(place, paddle.CUDAPlace):
-        return "gpu"
-    if isinstance(place, paddle.CPUPlace):
-        return "cpu"
-    return "gpu" if paddle.is_compiled_with_cuda() and \
-        paddle.device.cuda.device_count() > 0 else "cpu"
-
-
-def backend_for(device: str) -> str:
-    """The one transport choice: gloo broadcasts on "cpu" (Paddle 3.3.1's CPU send_v2 /
-    recv_v2 are stubs), NCCL send_v2 / recv_v2 on "gpu" (:func:`resolve_device`'s answers)."""
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"backend_for takes a resolved device, 'cpu' or 'gpu', got {device!r}")
-    return "gloo" if device == "cpu" else "nccl"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ parameter another stage reads, the sum of its gradients there) lives in the scop
 persistable variable of a fixed name, and moves in a job that runs once per step.  A
 :class:`StepTransfer` sends ``src_name`` of process ``src`` into ``dst_name`` of process ``dst``
 (overwritten in place).  :func:`step_program` builds one process's program for a list of them
-in the one order every process uses, for each transport (:mod:`pipesplit.passes.transport`):
+in the one order every process uses, for each way of a transport
+(:attr:`pipesplit.passes.transport.base.Transport.way`, which calls it):
 
 * broadcast / world ring (gloo, CPU): one ``broadcast_`` on ring 0 per transfer, rooted at the
   sender, every process taking part (a process at neither end broadcasts scratch zeros);
@@ -22,7 +23,7 @@ from typing import Iterable, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
-from pipesplit.passes.transport import BROADCAST, LOCKSTEP, NCCL, TRANSPORTS, WORLD_RING
+from pipesplit.passes.transport import BROADCAST, LOCKSTEP, NCCL, WAYS, WORLD_RING
 from pipesplit.passes.transport.p2p import CPU_RING_ID
 from pipesplit.passes.transport.world_ring import gather_rows
 
@@ -64,16 +65,20 @@ def scope_variable(block, name: str, value_type):
     return kw
 
 
-def step_program(transfers: Sequence[StepTransfer], process: int, transport: str, world: int,
-                 zeroed: Iterable[Tuple[str, object]] = ()) -> Optional["paddle.pir.Program"]:
-    """``process``'s program for ``transfers`` (in the order every process uses); ``zeroed``:
-    (name, type) of scope variables it sets to zero afterwards.  None where it has nothing to
-    do (NCCL: a process at neither end)."""
-    if transport not in TRANSPORTS:
-        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+def step_program(transfers: Sequence[StepTransfer], process: int, way: str, world: int,
+                 zeroed: Iterable[Tuple[str, object]] = (), place=None
+                 ) -> Optional["paddle.pir.Program"]:
+    """``process``'s program for ``transfers`` (in the order every process uses) on the
+    transport's ``way``; ``zeroed``: (name, type) of scope variables it sets to zero afterwards,
+    on ``place`` (the transport's device).  None where it has nothing to do (NCCL: a process at
+    neither end)."""
+    if way not in WAYS:
+        raise ValueError(f"way must be one of {WAYS}, got {way!r}")
     zeroed = list(zeroed)
+    if zeroed and place is None:
+        raise ValueError("step_program: zeroing scope variables needs the device's place")
     mine = [t for t in transfers if process in (t.src, t.dst)]
-    if not zeroed and not (mine if transport == NCCL else transfers):
+    if not zeroed and not (mine if way == NCCL else transfers):
         return None
     program = paddle.pir.Program()
     block = program.global_block()
@@ -82,16 +87,16 @@ def step_program(transfers: Sequence[StepTransfer], process: int, transport: str
             if t.src == t.dst:
                 raise ValueError(f"step transfer {t.src_name} -> {t.dst_name} stays on process "
                                  f"{t.src}")
-            if transport in (BROADCAST, WORLD_RING):
+            if way in (BROADCAST, WORLD_RING):
                 _broadcast(block, t, process)
-            elif transport == LOCKSTEP:
+            elif way == LOCKSTEP:
                 _gather(block, t, process, world)
             elif process in (t.src, t.dst):
                 _send_or_recv(block, t, process)
         for name, value_type in zeroed:
             shape = [int(s) for s in value_type.shape]
             paddle._C_ops.full_(scope_variable(block, name, value_type), shape, 0.0,
-                                value_type.dtype, _device_place())
+                                value_type.dtype, place)
     paddle.pir.set_insertion_point_to_block_end(
         paddle.static.default_main_program().global_block())
     return program
@@ -129,19 +134,11 @@ def _send_or_recv(block, t: StepTransfer, process: int) -> None:
     paddle._C_ops.assign_out_(out, t.variable(block, t.dst_name))
 
 
-def _device_place():
-    """This process's device (the engine's place: the expected place may be undefined in the
-    middle of the engine's build)."""
-    if paddle.is_compiled_with_cuda():
-        return paddle.CUDAPlace(paddle.distributed.ParallelEnv().device_id)
-    return paddle.CPUPlace()
-
-
-def create_scope_variables(scope, variables: Iterable[Tuple[str, object]], place=None) -> None:
-    """Create (or zero) each persistable (name, type) of ``variables`` in ``scope``: the step
-    programs read and write them in place, so they must hold a tensor of their shape before
-    the first step."""
-    place = place or _device_place()
+def create_scope_variables(scope, variables: Iterable[Tuple[str, object]], place) -> None:
+    """Create (or zero) each persistable (name, type) of ``variables`` in ``scope``, on
+    ``place`` (the transport's :meth:`~pipesplit.passes.transport.base.Transport.device_place`):
+    the step programs read and write them in place, so they must hold a tensor of their shape
+    before the first step."""
     for name, value_type in variables:
         dtype = str(value_type.dtype).replace("paddle.", "")
         # (Paddle stores bfloat16 from numpy's uint16)

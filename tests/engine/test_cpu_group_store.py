@@ -10,6 +10,7 @@ import pytest
 
 from pipesplit.passes import cpu_support
 from pipesplit.passes.engine import cpu_hooks, paddle_patches
+from pipesplit.passes.transport import GLOO, NCCL
 
 _IMPL = ("paddle.distributed.collective", "_new_process_group_impl")
 
@@ -37,7 +38,7 @@ def test_the_patch_is_in_the_cpu_group_and_given_back():
 def test_other_backends_keep_the_store_they_were_given():
     impl = cpu_hooks.gloo_group_store(_paddles_impl)
     store = object()
-    assert impl("nccl", store, 1, 2, "_default_pg10", None, group_id=10)["store"] is store
+    assert impl(NCCL, store, 1, 2, "_default_pg10", None, group_id=10)["store"] is store
 
 
 def test_a_gloo_group_gets_its_own_store(monkeypatch):
@@ -48,10 +49,10 @@ def test_a_gloo_group_gets_its_own_store(monkeypatch):
                         lambda store, rank, gid: asked.append((store, rank, gid)) or own)
     impl = cpu_hooks.gloo_group_store(_paddles_impl)
     launcher = object()
-    got = impl("gloo", launcher, 1, 2, "_default_pg11", pg_options=None, group_id=11,
+    got = impl(GLOO, launcher, 1, 2, "_default_pg11", pg_options=None, group_id=11,
                nccl_comm_init_option=0, nccl_config=None)
     assert asked == [(launcher, 1, 11)]
-    assert got == dict(backend="gloo", store=own, rank=1, world_size=2,
+    assert got == dict(backend=GLOO, store=own, rank=1, world_size=2,
                        group_name="_default_pg11", group_id=11)
 
 

@@ -7,8 +7,8 @@ import pytest
 from _launch import free_port
 from pipesplit.job_list.pipe import Pipe
 from pipesplit.job_list.placement import LOOPED, V_SHAPE, Placement
-from pipesplit.passes.engine.loss_location import (StoredLoss, hand_the_loss_on, loss_rank, pack,
-                                                  unpack)
+from pipesplit.passes.engine.loss_location import hand_the_loss_on, loss_rank
+from pipesplit.passes.transport.loss_carriers import StoredLoss, pack, unpack
 
 
 def _store(port: int):

@@ -38,6 +38,8 @@ def spawn(args, log_dir, timeout=240, nproc=2):
     rank is stopped because another one ended: the survivors' own reports are what is checked."""
     import socket
 
+    from pipesplit.passes.transport import GLOO
+
     def free_port():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -53,7 +55,7 @@ def spawn(args, log_dir, timeout=240, nproc=2):
                    PADDLE_TRAINERS_NUM=str(nproc), PADDLE_GLOBAL_RANK=str(r),
                    PADDLE_LOCAL_RANK=str(r), PADDLE_RANK_IN_NODE=str(r), PADDLE_TRAINER_ID=str(r),
                    PADDLE_TRAINER_ENDPOINTS=endpoints, PADDLE_CURRENT_ENDPOINT=f"127.0.0.1:{ports[r]}",
-                   PADDLE_DISTRI_BACKEND="gloo")
+                   PADDLE_DISTRI_BACKEND=GLOO)
         files.append(open(os.path.join(str(log_dir), f"workerlog.{r}"), "w"))
         procs.append(subprocess.Popen([sys.executable] + [str(a) for a in args], env=env,
                                       stdout=files[-1], stderr=subprocess.STDOUT, cwd=str(log_dir)))

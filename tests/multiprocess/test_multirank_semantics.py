@@ -82,11 +82,12 @@ def test_squared_norm_of_a_tied_weight_is_counted_once():
 
 def test_nccl_variant_all_reduces_on_a_ring_of_every_rank():
     from paddle.distributed.auto_parallel.static.process_group import get_process_group
+    from pipesplit.passes.transport.nccl import NcclTransport
 
     _, plans = _rank_plans(U.Case(clip="global_norm", tied=True), "VPP", 2, device="gpu")
     for p in plans:
         info = p.rank_info
-        assert info.backend == "nccl" and info.reduce_ring_id is not None
+        assert isinstance(info.transport, NcclTransport) and info.reduce_ring_id is not None
         assert sorted(get_process_group(info.reduce_ring_id).ranks) == [0, 1]
         ops = _all_reduces(p)
         assert len(ops) == info.num_all_reduces == 2

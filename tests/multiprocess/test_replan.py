@@ -221,7 +221,8 @@ def test_the_rendezvous_names_the_rank_that_did_not_arrive(monkeypatch):
     together they pass; alone, rank 0 gives up after the bound, naming rank 1 and the phase."""
     import threading
     from _launch import free_port
-    from pipesplit.passes.measure.replan import TIMEOUT_ENV, rendezvous, rendezvous_timeout
+    from pipesplit.passes.transport.rendezvous import (TIMEOUT_ENV, rendezvous,
+                                                      rendezvous_timeout)
 
     port = free_port()
     store = _store(True, port)

@@ -12,6 +12,7 @@ import pytest
 
 from pipesplit.job_list import Job
 from pipesplit.job_list.lower import peer_of
+from pipesplit.passes.transport.nccl import NcclTransport
 
 PP, VPP, M = 4, 2, 4
 
@@ -46,7 +47,7 @@ def test_p2p_ops_have_the_placement_peers(schedule, split_backward):
     checked = 0
     for r, p in enumerate(plans):
         info = p.rank_info
-        assert info.backend == "nccl"
+        assert isinstance(info.transport, NcclTransport)
         for c in range(VPP):
             stage = placement.stage(r, c)
             for kind in ("send_forward", "recv_forward", "send_backward", "recv_backward"):

@@ -2,9 +2,10 @@
 
 Run under ``paddle.distributed.launch --nproc_per_node P``: every rank trains nothing; it builds
 ``examples/auto_parallel_pipeline.py``'s model through ``dist.to_static`` up to the engine's
-pipeline pass, builds its plan with ``backend="nccl"`` and writes ``OUT_DIR/rank<r>.json``: the
-job order and, per program, its p2p ops (ring, peer, stream, events) and the compute ops'
-event edges.  Usage: ``engine_gpu_structure.py OUT_DIR <example arguments>``.
+pipeline pass, builds its plan with the NCCL transport (``transport_for("gpu")``) and writes
+``OUT_DIR/rank<r>.json``: the job order and, per program, its p2p ops (ring, peer, stream,
+events) and the compute ops' event edges.  Usage: ``engine_gpu_structure.py OUT_DIR <example
+arguments>``.
 """
 import json
 import os
@@ -21,6 +22,7 @@ from paddle.distributed.auto_parallel.static import engine as paddle_engine  # n
 
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
 from pipesplit.passes.engine_rank import build_engine_rank_plan  # noqa: E402
+from pipesplit.passes.transport.devices import transport_for  # noqa: E402
 from _structure import describe  # noqa: E402
 
 
@@ -32,7 +34,7 @@ def main() -> int:
 
     def nccl_pass(mains, starts, pipeline_strategy):
         config = pipesplit_strategy.config_from_strategy(pipeline_strategy)
-        built = build_engine_rank_plan(mains[0], config, "nccl")
+        built = build_engine_rank_plan(mains[0], config, transport_for("gpu"))
         record = {"rank": dist.get_rank(), "schedule": built.schedule.name,
                   "pp": config.pp_degree, "vpp": config.vpp_degree,
                   "job_order": built.job_order,

@@ -3,9 +3,9 @@ configurations in ONE launch, and describe them (nothing runs).
 
 ``llama_gpu_structure.py CONFIGS.json OUT_DIR``: CONFIGS.json lists ``[tag, [example arguments]]``;
 every rank goes through ``dist.to_static`` up to the engine's pipeline pass, builds its plan with
-``backend="nccl"`` and writes ``OUT_DIR/<tag>.rank<r>.json``: its pipeline (processes by
-pipeline rank), the job order and, per program, every collective / p2p op (ring, its processes,
-peer, stream, events) and the event edges of compute ops.
+the NCCL transport (``transport_for("gpu")``) and writes ``OUT_DIR/<tag>.rank<r>.json``: its
+pipeline (processes by pipeline rank), the job order and, per program, every collective / p2p
+op (ring, its processes, peer, stream, events) and the event edges of compute ops.
 """
 import json
 import os
@@ -23,6 +23,7 @@ from paddle.distributed.auto_parallel.static import engine as paddle_engine  # n
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
 from pipesplit.passes.engine.state import state_of  # noqa: E402
 from pipesplit.passes.engine_rank import build_engine_rank_plan  # noqa: E402
+from pipesplit.passes.transport.devices import transport_for  # noqa: E402
 from _structure import describe  # noqa: E402
 
 class Built(Exception):
@@ -38,7 +39,7 @@ def main() -> int:
     def nccl_pass(mains, starts, pipeline_strategy):
         config = pipesplit_strategy.config_from_strategy(pipeline_strategy)
         pipe = pipesplit_strategy.pipe_from_strategy(pipeline_strategy)
-        built = build_engine_rank_plan(mains[0], config, "nccl", pipe,
+        built = build_engine_rank_plan(mains[0], config, transport_for("gpu"), pipe,
                                        shared=state_of(pipeline_strategy).shared_parameters)
         record = {"rank": dist.get_rank(), "pp_rank": config.pp_stage,
                   "pipe": list(pipe.processes), "schedule": built.schedule.name,
