@@ -1,7 +1,8 @@
 """The layering of the packages, read from the source with ``ast``: imports point one way
 (job_list <- ir_utils <- passes <- tools), no module circle (module-level, function-level and
-``if TYPE_CHECKING:`` imports alike), every package stays in small pieces, and job-type strings
-are built only by ``job_list.ir.job_type``."""
+``if TYPE_CHECKING:`` imports alike), every package and every test file (in every folder of
+``tests/``) stays in small pieces, job-type strings are built only by ``job_list.ir.job_type``,
+no test module imports another, and only the transport package names a collective backend."""
 import ast
 import os
 import re
@@ -126,8 +127,9 @@ def test_imports_point_one_way(package):
 
 
 def test_files_and_functions_are_small():
+    """Every module of the packages and every file under ``tests/`` (any folder)."""
     long_files, long_functions = [], []
-    for module, path in sorted(MODULES.items()):
+    for module, path in sorted(MODULES.items()) + sorted(TEST_FILES.items()):
         with open(path, encoding="utf-8") as f:
             text = f.read()
         lines = text.count("\n")
@@ -325,18 +327,177 @@ def test_no_module_level_state_in_passes():
 
 # --------------------------------------------------------------------------- tests
 
+TESTS = os.path.join(ROOT, "tests")
+
+
+def _test_files():
+    """Every .py file under ``tests/``, in every folder: relative path -> path."""
+    found = {}
+    for folder, dirs, files in os.walk(TESTS):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found[os.path.relpath(path, ROOT).replace(os.sep, "/")] = path
+    return found
+
+
+TEST_FILES = _test_files()
+#: the test modules pytest collects (relative path -> module name: pytest imports a test file
+#: of a folder without ``__init__.py`` by its file name)
+TEST_MODULES = {rel: os.path.basename(rel)[:-3] for rel in TEST_FILES
+                if os.path.basename(rel).startswith("test_")}
+
+
+def test_the_scan_sees_the_test_modules_of_every_folder():
+    folders = {os.path.dirname(rel) for rel in TEST_MODULES}
+    on_disk = {os.path.relpath(folder, ROOT).replace(os.sep, "/")
+               for folder, _, files in os.walk(TESTS)
+               if any(n.startswith("test_") and n.endswith(".py") for n in files)}
+    assert folders == on_disk and {"tests", "tests/engine", "tests/multiprocess"} <= folders
+    assert TEST_MODULES["tests/engine/test_loss_location.py"] == "test_loss_location"
+    assert "tests/helpers/_launch.py" in TEST_FILES and "tests/workers/engine_grid.py" in TEST_FILES
+
+
+def test_test_modules_have_names_of_their_own():
+    """pytest imports each test file by its name (``rootdir``-relative packages are not used):
+    two of one name in two folders would shadow each other."""
+    by_name = {}
+    for rel, name in sorted(TEST_MODULES.items()):
+        by_name.setdefault(name, []).append(rel)
+    assert not {n: rels for n, rels in by_name.items() if len(rels) > 1}
+
+
+def _imported_names(tree):
+    """(line, dotted name) of every module an import names, and of every name a ``from``
+    import takes (``from tests.engine import test_strategy`` takes a module too)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module:
+                yield node.lineno, module
+            yield from ((node.lineno, f"{module}.{a.name}".lstrip(".")) for a in node.names)
+
+
+def test_the_scan_sees_imports_of_test_modules():
+    code = ("import test_a\nfrom test_b import x\nfrom tests.engine import test_c\n"
+            "from . import test_d\nimport _launch\n")
+    names = {"test_a", "test_b", "test_c", "test_d"}
+    seen = {line for line, m in _imported_names(ast.parse(code))
+            if set(m.split(".")) & names}
+    assert seen == {1, 2, 3, 4}
+
+
 def test_no_test_module_imports_another():
-    """Shared test code lives in helper modules (``tests/helpers``), never in a test module."""
-    tests = os.path.join(ROOT, "tests")
-    test_modules = {name[:-3] for name in os.listdir(tests)
-                    if name.startswith("test_") and name.endswith(".py")}
+    """Shared test code lives in helper modules (``tests/helpers``), never in a test module:
+    no file under ``tests/`` (any folder: tests, helpers, workers) imports a test module."""
+    names = set(TEST_MODULES.values())
     found = []
-    for name in sorted(os.listdir(tests)):
-        if not name.endswith(".py"):
-            continue
-        for node in ast.walk(_parse(os.path.join(tests, name))):
-            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            found += [f"tests/{name}:{node.lineno}: {m}" for m in imported
-                      if m.split(".")[0] in test_modules]
+    for rel, path in sorted(TEST_FILES.items()):
+        found += [f"{rel}:{line}: {m}" for line, m in _imported_names(_parse(path))
+                  if set(m.split(".")) & names]
     assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- backends
+
+#: the one package that names a collective backend
+TRANSPORT = "passes/transport/"
+
+
+def _declared_backends():
+    """{constant name: backend name} of the backends the transport package declares (its
+    ``BACKENDS = (GLOO, NCCL)`` and their assignments), read with ``ast``."""
+    tree = _parse(os.path.join(ROOT, "passes", "transport", "__init__.py"))
+    values = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)
+              and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+    return {e.id: values[e.id].value for e in values["BACKENDS"].elts}
+
+
+#: the constants that name a backend for Paddle's APIs, and the names (Paddle's)
+BACKEND_CONSTANTS = tuple(_declared_backends())
+BACKEND_NAMES = tuple(_declared_backends().values())
+#: files outside the transport allowed to compare with a backend name, each with why
+BACKEND_COMPARISONS_ALLOWED = {
+    # Paddle's _new_process_group_impl(backend, ...) names the backend of the group it makes;
+    # the CPU stand-in gives gloo's groups a store of their own and leaves the others alone
+    "passes/engine/cpu_hooks.py",
+    # the transport's own test checks what each device type answers
+    "tests/builders/test_transport.py",
+}
+#: folders no checkout's Python lives in: build outputs, caches, logs (.gitignore)
+_NOT_SOURCE = ("build", "dist", "log")
+
+
+def _python_files():
+    """Every .py file of the checkout: relative path -> path (``pipesplit/``'s links to the
+    package folders are not followed: the folders are walked themselves)."""
+    found = {}
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")) and d not in _NOT_SOURCE
+                         and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found[os.path.relpath(path, ROOT).replace(os.sep, "/")] = path
+    return found
+
+
+def _backend_literals(tree):
+    """(line, source) of every string literal (an f-string's text too) that is a backend name:
+    ``"gloo"``, ``'NCCL'`` (a sentence that mentions gloo is prose, not a name)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.strip().lower() in BACKEND_NAMES:
+            yield node.lineno, repr(node.value)
+
+
+def _names_a_backend(node) -> bool:
+    name = node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else None
+    return name in BACKEND_CONSTANTS or (isinstance(node, ast.Attribute) and name == "backend")
+
+
+def _backend_comparisons(tree):
+    """(line, source) of every comparison with a backend: with ``GLOO`` / ``NCCL`` or with a
+    ``.backend`` attribute (a device decision, which belongs to the transport)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(
+                _names_a_backend(o) for o in [node.left] + node.comparators):
+            yield node.lineno, ast.unparse(node)
+
+
+def test_the_scan_sees_backend_names():
+    code = ('a = "gloo"\nb = f"{x}NCCL"\nif t.backend == y: pass\nif b != GLOO: pass\n'
+            'c = "gloo broadcasts"\nd = new_group(backend=GLOO)\ne = info.backend\n'
+            'f = x.NCCL in ways\n')
+    assert len(BACKEND_NAMES) == 2
+    assert {n.upper() for n in BACKEND_NAMES} == set(BACKEND_CONSTANTS)
+    tree = ast.parse(code)
+    assert [line for line, _ in _backend_literals(tree)] == [1, 2]
+    assert [line for line, _ in _backend_comparisons(tree)] == [3, 4, 8]
+    files = _python_files()
+    assert "passes/transport/gloo.py" in files and "tests/engine/test_cpu_group_store.py" in files
+    assert "setup.py" in files and not any(rel.startswith("pipesplit/passes") for rel in files)
+
+
+def test_only_the_transport_names_a_backend():
+    """No ``"gloo"`` / ``"nccl"`` literal in any .py file of the checkout outside
+    ``passes/transport/`` (Paddle's APIs that take a backend name get
+    ``pipesplit.passes.transport.GLOO`` / ``NCCL``), and no comparison with one: which backend
+    a device uses, and what follows from it, is the transport's to say
+    (``pipesplit.passes.transport.devices``)."""
+    literals, comparisons = [], []
+    for rel, path in sorted(_python_files().items()):
+        if rel.startswith(TRANSPORT):
+            continue
+        tree = _parse(path)
+        literals += [f"{rel}:{line}: {src}" for line, src in _backend_literals(tree)]
+        if rel not in BACKEND_COMPARISONS_ALLOWED:
+            comparisons += [f"{rel}:{line}: {src}" for line, src in _backend_comparisons(tree)]
+    assert not literals, "name a backend through pipesplit.passes.transport:\n" + \
+        "\n".join(literals)
+    assert not comparisons, "ask the transport (pipesplit.passes.transport.base.Transport) " \
+        "instead of comparing backends:\n" + "\n".join(comparisons)
