@@ -172,6 +172,8 @@ def engine_init(original):
             setattr(pipeline, HANDLE, state)
             DOOR.hold("engine_routes", state)  # served while it lives
     return __init__
+
+
 #: what Paddle 3.3.1's engine tests ``schedule_mode`` against (``== "VPP"``) to complete the
 #: chunk ids, check them and fetch the loss from ``forward{vpp-1}``, all of which a pipesplit
 #: schedule needs (docs/engine.md, "Why the engine is shown VPP")
@@ -203,8 +205,6 @@ def shown_vpp(original):
         with paddle_sees_vpp(self._strategy.pipeline):
             return original(self, *args, **kwargs)
     return shown
-
-
 
 
 def keep_the_name_generator(original):

@@ -117,9 +117,6 @@ class EngineState:
         return self  # one state per engine, however often Paddle copies its strategy
 
     @property
-    def placement_kind(self) -> str:
-        return self.request.placement.kind
-    @property
     def requested(self) -> str:
         """The schedule name as the user wrote it."""
         return self.request.name
@@ -129,6 +126,9 @@ class EngineState:
         """The request's config (pp_stage None: no rank yet)."""
         return self.request.config
 
+    @property
+    def placement_kind(self) -> str:
+        return self.request.placement.kind
 
     def pipeline_of(self, mode: str):
         """The PipelinePlan of ``mode`` (None before the engine prepared it)."""
