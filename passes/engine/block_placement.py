@@ -153,21 +153,17 @@ def hoist_layer_input_reshards(dist_program, seg_method) -> int:
     (:func:`_follow_reshard`). Reshards within one mesh (placements only) stay in the block."""
     from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method
 
-    block = dist_program.global_block()
-    first_op_of = {}
+    starts = _block_starts(dist_program, seg_method)
     hoisted = 0
-    for op in list(block.ops):
+    for op in list(dist_program.global_block().ops):
+        if op.id() not in starts or op.name() != "dist_op.reshard" or not _changes_mesh(op):
+            continue
         name = _extract_seg_method(op, seg_method)
-        if name is None:
-            continue
-        first_op_of.setdefault(name, op)
-        if op.name() != "dist_op.reshard" or not _changes_mesh(op):
-            continue
         source = op.operand_source(0)
         producer = source.get_defining_op() if source.initialized() else None
         if producer is not None and _extract_seg_method(producer, seg_method) == name:
             continue  # (a value of the block itself: it stays inside)
-        op.move_before(first_op_of[name])
+        op.move_before(starts[op.id()])
         op.erase_attr("struct_name")
         hoisted += 1
     return hoisted
@@ -477,19 +473,20 @@ def _follow_reshard(op, index, reshard, mesh, target, moved, block_starts) -> No
     for hop in chain:
         result = hop.result(0)
         first = hop is chain[0]
-        inside = start is not None and (hop.id() in block_starts or not (first and src_mesh != mesh))
+        made_in_block, crosses = hop.id() in block_starts, first and src_mesh != mesh
+        inside = start is not None and (made_in_block or not crosses)  # (op's block)
         key = (value.id, mesh.process_ids[0], str(result.dist_attr().placements),
                start.id() if inside else None)
         if key not in moved:
-            if hop.id() in block_starts or start is None:
+            if made_in_block or start is None:
                 paddle.pir.set_insertion_point_after(reshard)
             else:
                 paddle.pir.set_insertion_point(start)
-            feed = first and _feed_on_another_mesh(producer, mesh, target) and src_mesh != mesh
+            feed = crosses and _feed_on_another_mesh(producer, mesh, target)
             own = paddle.distributed.reshard(_copy_of_feed(value, op) if feed else value, mesh,
                                              result.dist_attr().placements)
             own.get_defining_op().op_role = hop.op_role
-            named = hop if hop.id() in block_starts or not inside else start
+            named = start if inside and not made_in_block else hop
             if named.has_attr("struct_name"):
                 own.get_defining_op().set_str_attr("struct_name", named.attrs()["struct_name"])
             described = first and (moving or feed)
