@@ -436,9 +436,10 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--micro-batch-size", type=int, default=2, help="per dp rank")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
-    p.add_argument("--sharding", type=int, choices=(0, 1, 2), default=0,
-                   help="shard the optimizer states over dp: dist.shard_optimizer with "
-                        "ShardingStage1 / ShardingStage2 (0: none)")
+    p.add_argument("--sharding", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="shard over dp: dist.shard_optimizer with ShardingStage1 / "
+                        "ShardingStage2 (optimizer states) / ShardingStage3 (parameters too) "
+                        "(0: none)")
     p.add_argument("--lr", type=float, default=None, help="default: 1e-3 AdamW, 0.1 SGD")
     p.add_argument("--warmup", type=int, default=2, help="LinearWarmup steps (from lr / 10)")
     p.add_argument("--clip", type=float, default=1.0,
@@ -523,7 +524,8 @@ def main(argv=None) -> int:
         model = build(args, args.pp)
         opt = make_optimizer(args, model)
     if args.sharding:  # optimizer states sharded over dp (ZeRO stage 1 / 2)
-        stage = dist.ShardingStage1 if args.sharding == 1 else dist.ShardingStage2
+        stage = {1: dist.ShardingStage1, 2: dist.ShardingStage2,
+                 3: dist.ShardingStage3}[args.sharding]
         opt = dist.shard_optimizer(opt, stage("dp", global_mesh))
     data = TokenData(args.steps * args.batch, args.seq, args.vocab, args.seed)
     dist_loader = make_loader(args, data)

@@ -5,6 +5,8 @@ in place of Paddle's ``original``; the replacing itself is
 :func:`pipesplit.passes.cpu_support.enable`)."""
 from __future__ import annotations
 
+import contextlib
+
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.transport import GLOO
 
@@ -65,9 +67,26 @@ def reshard(original):
         if tensor.is_dist() and _moves_between_meshes(tensor, dist_attr):
             return _move_between_meshes(tensor, dist_attr)
         if not tensor._is_initialized():
-            return tensor  # another rank's parameter: nothing to move here
+            return _placed_elsewhere(tensor, dist_attr)
         return original(tensor, dist_attr)
     return reshard
+
+
+def _placed_elsewhere(tensor, dist_attr):
+    """Another rank's tensor (no data here) with the placements it is resharded to, as
+    Paddle's reshard gives a rank outside the mesh on a GPU: nothing moves, but what this
+    process's program reads of it follows (``ShardingStage3`` shards every parameter this
+    way, also those of other stages, which a vpp > 1 placement may move onto this rank).  A
+    tensor that is not a dist tensor comes back as it is."""
+    if not tensor.is_dist():
+        return tensor
+    from paddle.distributed.auto_parallel.placement_type import to_placements
+
+    mesh = dist_attr.process_mesh
+    placements = to_placements(dist_attr.dims_mapping, mesh, list(dist_attr._partial_dims()))
+    with _dygraph():
+        return paddle.Tensor(tensor._local_value(), dims=tensor.shape, process_mesh=mesh,
+                             placements=placements)
 
 
 def _move_between_meshes(tensor, dist_attr):
@@ -75,11 +94,19 @@ def _move_between_meshes(tensor, dist_attr):
     rank of the source mesh over the gloo world group instead (every rank takes part, in the
     engine's parameter order); ranks of the target mesh get it as a replicated dist tensor,
     the others an empty tensor (the caller then drops the parameter there)."""
-    static = not paddle.in_dynamic_mode()  # the engine reshards parameters in static mode
+    with _dygraph():
+        return _broadcast_to_mesh(tensor, dist_attr)
+
+
+@contextlib.contextmanager
+def _dygraph():
+    """Dygraph mode inside (the engine reshards parameters in static mode; a dygraph tensor
+    made in static mode crashes the process)."""
+    static = not paddle.in_dynamic_mode()
     if static:
         paddle.disable_static()
     try:
-        return _broadcast_to_mesh(tensor, dist_attr)
+        yield
     finally:
         if static:
             paddle.enable_static()

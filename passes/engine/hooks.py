@@ -19,6 +19,7 @@ from pipesplit.passes.engine.block_placement import (assign_placement, check_blo
                                                      parameters_read_elsewhere)
 from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
 from pipesplit.passes.checks import check_sequence_parallel
+from pipesplit.passes.engine.chunk_fill import fill_chunk_ids
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
 from pipesplit.passes.engine_rank import is_engine_program
@@ -465,6 +466,38 @@ def switch_to_the_mode_plan(original):
     return to_mode
 
 
+def one_ring_per_group(original):
+    """``Engine._init_comm``: before the engine makes its communicators, every process agrees
+    on the ring id of every group it shares and renumbers its own groups and programs
+    (:mod:`pipesplit.passes.transport.rings`: the stages of a pipeline make their groups in
+    different orders, and communicators meet by ring id); then the communicators are made in
+    ring-id order on every process, and Paddle's own loop finds them made."""
+    def _init_comm(self):
+        state = served_state(self)
+        if state is None or self._nranks < 2:
+            return original(self)
+        from pipesplit.passes.transport.rings import agree_on_rings, instantiate_in_order
+
+        agree_on_rings(_engine_programs(self, state), state.transport.share)
+        instantiate_in_order()
+        return original(self)
+    return _init_comm
+
+
+def _engine_programs(engine, state: EngineState) -> list:
+    """Every program the engine holds (its modes' dense, dist and startup programs, and the
+    jobs' programs of every plan): where a ring id can be."""
+    programs = [program for table in (engine._pir_dense_main_progs, engine._pir_dist_main_progs,
+                                      engine._pir_dist_startup_progs)
+                for program in table.values()]
+    plans = [engine._job_plan] + [planned.plan for planned in state.modes.values()]
+    for plan in plans:
+        if plan is not None:
+            programs += [plan.ir_program(t) for t in plan.job_types()]
+    unique = {id(p): p for p in programs}
+    return list(unique.values())
+
+
 def complete_chunk_id(original):
     """Paddle's chunk completion (the engine calls it while :func:`shown_vpp` shows it
     ``"VPP"``); nothing to do for one chunk per rank.  Blocks on stage meshes in model order
@@ -512,10 +545,13 @@ def stage_by_mesh(original):
 def check_chunk_id(original):
     """Paddle's chunk check needs chunk ids, which the engine sets only for vpp > 1; with one
     chunk per rank (no op has a chunk id) pipesplit gives every op chunk 0 itself
-    (:func:`pipesplit.passes.engine_rank.localize_chunks`)."""
+    (:func:`pipesplit.passes.engine_rank.localize_chunks`).  Where Paddle's rule finds no chunk
+    (a sharded gradient's reshard before the gradient merge), the op's data names it
+    (:func:`~pipesplit.passes.engine.chunk_fill.fill_chunk_ids`)."""
     def check_chunk_id(dist_program):
         if not any(op.dist_attr is not None and op.dist_attr.chunk_id >= 0
                    for op in dist_program.global_block().ops):
             return None
+        fill_chunk_ids(dist_program)
         return original(dist_program)
     return check_chunk_id

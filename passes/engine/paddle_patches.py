@@ -72,6 +72,8 @@ PATCHES = (
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.measure_and_replan, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "run", engine_hooks.name_a_failed_step, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "prepare", engine_hooks.whole_batch_spec, _ROUTES),
+    # one ring id per group of ranks on every process, before the communicators are made
+    Patch(f"{_ENGINE}.Engine", "_init_comm", engine_hooks.one_ring_per_group, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "_build", engine_hooks.name_the_prediction, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "_prepare_data_spec_from_dataloader",
           engine_hooks.note_a_sharded_loader, _ROUTES),

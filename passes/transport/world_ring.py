@@ -10,6 +10,8 @@ group's collective would have given it:
 
 * all-reduce (sum / max / min / prod) over group G: reduce the gathered rows of G's members;
 * all-gather over G: concatenate the rows of G's members in G's order;
+* reduce-scatter (sum) over G: sum the rows of G's members and keep this process's piece of
+  the sum (its place in G, along the first axis: what sharding's gradient reshard needs);
 * a transfer from process s to process d (a pipeline send / recv, or the optimizer's p2p):
   the receiver takes row s; every pipeline's corresponding transfer shares the gather.
 
@@ -29,7 +31,8 @@ from pipesplit.passes.transport.p2p import CPU_RING_ID, Transfer
 
 #: one world gather: (shape, dtype name)
 Gather = Tuple[Tuple[int, ...], str]
-GROUP_OPS = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.all_gather")
+GROUP_OPS = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.all_gather",
+             "pd_op.reduce_scatter")
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
 #: paddle.distributed.ReduceOp values of ``reduce_type``
 _REDUCE = {0: "sum", 1: "max", 2: "min", 3: "prod"}
@@ -101,7 +104,7 @@ def emulate_group_collectives(program, process: int, world: int,
         if any(d < 0 for d in shape):
             raise ValueError(f"{op.name()} of a dynamic shape {list(shape)}: the CPU hybrid "
                              "transport needs static shapes (strategy.pipeline.micro_batch_size)")
-        _emulate_one(block, op, world, members)
+        _emulate_one(block, op, world, members, process)
         signature.append((shape, dtype))
     paddle.pir.set_insertion_point_to_block_end(block)
     return signature
@@ -154,7 +157,8 @@ def emulate_with_bystanders(program, process: int, world: int, group_ranks,
         if op.name() in P2P_OPS:
             _emulate_p2p_op(block, op, world, group_ranks)
         else:
-            _emulate_one(block, op, world, list(group_ranks(int(_attr(op, "ring_id")))))
+            _emulate_one(block, op, world, list(group_ranks(int(_attr(op, "ring_id")))),
+                         process)
     if pending:
         paddle.pir.set_insertion_point_to_block_end(block)
         for shape, dtype in pending:
@@ -173,13 +177,21 @@ def _bystand_before(block, op, gathers, world) -> None:
     _copy_role(list(block.ops)[position - (len(block.ops) - before): position], op)
 
 
-def _emulate_one(block, op, world, members) -> None:
-    """One all-reduce / all-gather over ``members`` as a world gather."""
+def _emulate_one(block, op, world, members, process: int) -> None:
+    """One all-reduce / all-gather / reduce-scatter over ``members`` as a world gather, on
+    ``process``."""
     x = op.operand_source(0)
     if op.name() == "pd_op.all_gather":
         def build():
             rows = gather_rows(x, world)
             return paddle.concat([rows[p] for p in members], axis=0)
+    elif op.name() == "pd_op.reduce_scatter":
+        mine = members.index(process)
+
+        def build():
+            rows = gather_rows(x, world)
+            return paddle.split(_reduce([rows[p] for p in members], "sum"), len(members),
+                                axis=0)[mine]
     else:
         how = _REDUCE.get(int(_attr(op, "reduce_type", 0)))
         if how is None:
