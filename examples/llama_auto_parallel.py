@@ -55,6 +55,8 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.distributed.fleet.utils import recompute
 
+from pipesplit.ir_utils.measure import MemoryStats
+
 
 # -- meshes (as Paddle's test: a global mesh set with set_mesh, stage meshes cut from it) ------
 
@@ -341,8 +343,8 @@ def parallelize_config(args):
         split_spec = {f"layers.{(i + 1) * args.layers // args.pp - 1}": dist.SplitPoint.END
                       for i in range(args.pp - 1)}
     config = {"pp_config": {"split_spec": split_spec, "global_spec": "global_inputs"}}
-    if args.dp > 1:
-        config["dp_config"] = {"sharding_level": 0}
+    if args.dp > 1:  # (the sharding level: parallelize shards the optimizer itself)
+        config["dp_config"] = {"sharding_level": args.sharding}
     if args.mp > 1:
         # (a tied weight stays whole over mp: the head reads it transposed)
         ends = {} if args.tie_embedding else {
@@ -438,7 +440,8 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--sharding", type=int, choices=(0, 1, 2, 3), default=0,
                    help="shard over dp: dist.shard_optimizer with ShardingStage1 / "
-                        "ShardingStage2 (optimizer states) / ShardingStage3 (parameters too) "
+                        "ShardingStage2 (optimizer states) / ShardingStage3 (parameters too), "
+                        "or dist.parallelize's dp_config sharding_level with --parallelize "
                         "(0: none)")
     p.add_argument("--lr", type=float, default=None, help="default: 1e-3 AdamW, 0.1 SGD")
     p.add_argument("--warmup", type=int, default=2, help="LinearWarmup steps (from lr / 10)")
@@ -459,6 +462,9 @@ def parse_args(argv=None):
                         "inside each attention, rotary tables built there, recompute)")
     p.add_argument("--paddle", action="store_true",
                    help="use Paddle's own pipeline pass (FThenB, 1F1B, VPP) instead of pipesplit")
+    p.add_argument("--memory", action="store_true",
+                   help="record each rank's bytes held between steps and its peak in the last "
+                        "step (Paddle's allocator, from before the model is built)")
     p.add_argument("--json", help="write losses, reference_losses and the differences here")
     p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
@@ -516,6 +522,10 @@ def main(argv=None) -> int:
         ["dp", "pp", "mp"])
     dist.auto_parallel.set_mesh(global_mesh)
 
+    memory = MemoryStats(paddle.CUDAPlace(dist.ParallelEnv().device_id)
+                         if paddle.is_compiled_with_cuda() else paddle.CPUPlace()) \
+        if args.memory else None
+    start_bytes = memory.settled_current() if memory else 0
     if args.parallelize:  # the intermediate API places the plain model
         model = build(args)
         model, opt = dist.parallelize(model, make_optimizer(args, model),
@@ -523,7 +533,7 @@ def main(argv=None) -> int:
     else:
         model = build(args, args.pp)
         opt = make_optimizer(args, model)
-    if args.sharding:  # optimizer states sharded over dp (ZeRO stage 1 / 2)
+    if args.sharding and not args.parallelize:  # sharded over dp (ZeRO stage 1 / 2 / 3)
         stage = {1: dist.ShardingStage1, 2: dist.ShardingStage2,
                  3: dist.ShardingStage3}[args.sharding]
         opt = dist.shard_optimizer(opt, stage("dp", global_mesh))
@@ -533,12 +543,17 @@ def main(argv=None) -> int:
                                 make_strategy(args))
     dist_model.train()
 
-    losses = []
+    losses, held = [], {}
     for x, y in dist_loader():
+        if memory:  # (the last step's peak counts: the first builds the programs)
+            memory.reset_peak()
         loss = dist_model(x, y)
         if loss is not None:
             losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
         opt._learning_rate.step()
+    if memory:
+        held = {"held_bytes": memory.settled_current() - start_bytes,
+                "peak_bytes": memory.peak() - start_bytes}
 
     ref_losses, ref_params = reference(args)
     diffs = [float(np.max(np.abs(local - reference_slice(ref_params[name], value, rank))))
@@ -550,6 +565,7 @@ def main(argv=None) -> int:
             "replanned_step": None if replanned is None else replanned.step,
             "order_changed": None if replanned is None
             else replanned.before.job_order != replanned.after.job_order,
+            **held,
             **({} if args.paddle else transfers_of(pipesplit_strategy.plan_of(dist_model)))}
     everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
     # as a trainer reads it: from the last pipeline stage, where every schedule returns it
@@ -574,6 +590,8 @@ def main(argv=None) -> int:
                   "loss_ranks": loss_ranks, "last_stage_ranks": last_stage,
                   "step_jobs": [r.get("step_jobs") for r in everyone],
                   "micro_batch_transfers": [r.get("micro_batch_transfers") for r in everyone],
+                  "held_bytes": [r.get("held_bytes") for r in everyone],
+                  "peak_bytes": [r.get("peak_bytes") for r in everyone],
                   "style": args.style}
         print(f"llama {args.schedule}{' (paddle)' if args.paddle else ''} dp={args.dp} "
               f"pp={args.pp} mp={args.mp} vpp={args.vpp} m={args.m} {args.optimizer}: "

@@ -176,6 +176,26 @@ def _is_param(value) -> bool:
         return False
 
 
+#: the ops of a sharded parameter's all-gather (sharding stage 3: the whole weight gathered
+#: from its dp shards before each use; a shard of another axis than 0 is gathered on axis 0,
+#: split and concatenated back, or transposed around the gather)
+_GATHER_OPS = ("pd_op.all_gather", "pd_op.split_with_num", "builtin.split", "builtin.combine",
+               "pd_op.concat", "pd_op.transpose")
+
+
+def _is_gathered_param(value) -> bool:
+    """A parameter itself, or a whole parameter gathered from its shards (ZeRO-3): its
+    gradient is a parameter gradient (it leaves through the gather's reduce-scatter)."""
+    for _ in range(2 * len(_GATHER_OPS)):
+        if _is_param(value):
+            return True
+        op = value.get_defining_op() if value.initialized() else None
+        if op is None or op.name() not in _GATHER_OPS or op.num_operands() == 0:
+            return False
+        value = op.operand_source(0)
+    return False
+
+
 def _same_dim(a: int, b: int) -> bool:
     return a == b  # -1 == -1 is taken as "the same dynamic dim"
 
@@ -467,7 +487,7 @@ def _param_grads(block, bwd_ops) -> int:
         if not op.name().endswith("_grad"):
             continue
         for i, src in enumerate(op.operands_source()):
-            if not _is_param(src):
+            if not _is_gathered_param(src):
                 continue
             if op.name() in _EMBEDDING_GRADS:
                 cand = res[0] if res else None
