@@ -17,7 +17,7 @@ completion, its chunk check and the loss fetch.  :func:`enable_strategy`:
 * routes Paddle's ``pipeline_scheduler_<NAME>`` passes to pipesplit (registration.enable).
 
 :func:`disable_strategy` restores all of it.  The engine's per-rank program goes to
-:mod:`pipesplit.passes.engine_rank`; a whole-model program (chunk id = global stage) to
+:mod:`pipesplit.passes.engine.engine_rank`; a whole-model program (chunk id = global stage) to
 :mod:`pipesplit.passes.pipeline` (``pp_stage`` from this process's rank, or every rank emulated
 in one process); zero its gradient accumulators with ``last_pipeline().init_scope(scope)``.
 

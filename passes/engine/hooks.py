@@ -18,10 +18,10 @@ from pipesplit.passes.transport.progress import failure_reason
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
 from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
-from pipesplit.passes.checks import check_sequence_parallel
+from pipesplit.passes.engine.sequence_parallel import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.core import PipelinePlan
-from pipesplit.passes.engine_rank import is_engine_program
+from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.state import HANDLE, EngineState, ModePlan, engine_state, state_of
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
@@ -56,7 +56,7 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``.
 
     The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
-    :func:`pipesplit.passes.engine_rank.build_engine_rank_plan`; a whole-model program (chunk id =
+    :func:`pipesplit.passes.engine.engine_rank.build_engine_rank_plan`; a whole-model program (chunk id =
     global stage) to :func:`pipesplit.passes.pipeline.split_and_schedule`."""
     main = _single(dense_main_program, "dense_main_program")
     _single(dense_startup_program, "dense_startup_program")
@@ -512,7 +512,7 @@ def stage_by_mesh(original):
 def check_chunk_id(original):
     """Paddle's chunk check needs chunk ids, which the engine sets only for vpp > 1; with one
     chunk per rank (no op has a chunk id) pipesplit gives every op chunk 0 itself
-    (:func:`pipesplit.passes.engine_rank.localize_chunks`)."""
+    (:func:`pipesplit.passes.engine.engine_rank.localize_chunks`)."""
     def check_chunk_id(dist_program):
         if not any(op.dist_attr is not None and op.dist_attr.chunk_id >= 0
                    for op in dist_program.global_block().ops):

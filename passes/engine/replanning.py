@@ -14,13 +14,13 @@ from pipesplit.passes.core import PipelinePlan
 from pipesplit.passes.engine.state import EngineState, engine_state
 from pipesplit.passes.transport.launch_store import round_key
 from pipesplit.passes.transport.step_exchange import create_scope_variables
-from pipesplit.passes.engine_rank import build_engine_rank_plan
+from pipesplit.passes.engine.engine_rank import build_engine_rank_plan
 from pipesplit.passes.engine.strategy_config import pipe_from_strategy
 
 
 def engine_rank_plan(main, config, pipeline_strategy, state: EngineState, built=None):
     """This rank's plan from the engine's program ``main``; the scope variables its step jobs
-    read and write (:mod:`pipesplit.passes.shared_parameters`) are made in the engine's scope
+    read and write (:mod:`pipesplit.passes.engine.shared_parameters`) are made in the engine's scope
     (Paddle's global scope), zeroed."""
     import paddle
 

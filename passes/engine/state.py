@@ -105,7 +105,7 @@ class EngineState:
     modes: Dict[str, ModePlan] = field(default_factory=dict)
     train_steps: int = 0          # training steps run (the measured step counts them)
     replanned: Optional[object] = None  # pipesplit.passes.engine.replanning.Replanned
-    # parameters read on another stage's rank (pipesplit.passes.shared_parameters)
+    # parameters read on another stage's rank (pipesplit.passes.engine.shared_parameters)
     shared_parameters: tuple = ()
     # what hands a V placement's loss to the last stage (pipesplit.passes.engine.loss_location)
     loss_carrier: Optional[object] = None

@@ -45,7 +45,7 @@ paddle = require_supported_paddle()
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
-from pipesplit.passes.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
+from pipesplit.passes.engine.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
                                                 SharedOnThisRank, SharedParameter,
                                                 serve_shared_parameters, step_transfers)
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
@@ -298,7 +298,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
     process's pipeline (which process runs each pipeline rank; default one process per stage,
     pipeline rank = process).  ``built``: the schedule the strategy check built.  ``shared``:
     the parameters read on another stage's rank (sent once per step:
-    :mod:`pipesplit.passes.shared_parameters`)."""
+    :mod:`pipesplit.passes.engine.shared_parameters`)."""
     rank = config.pp_stage
     if rank is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
