@@ -34,7 +34,7 @@ from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
 from pipesplit.passes.transport.lockstep import hybrid_world_ring, ring_ranks as _ring_ranks
 from pipesplit.passes.transport import LOCKSTEP, WORLD_RING
 from pipesplit.passes.transport.base import Transport

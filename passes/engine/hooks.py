@@ -20,7 +20,7 @@ from pipesplit.passes.engine.block_placement import (assign_placement, check_blo
 from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
 from pipesplit.passes.engine.sequence_parallel import check_sequence_parallel
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
-from pipesplit.passes.core import PipelinePlan
+from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.state import HANDLE, EngineState, ModePlan, engine_state, state_of
@@ -28,7 +28,7 @@ from pipesplit.passes.engine.surgery import name_an_output, restore_user_placeme
 from pipesplit.passes.engine.replanning import engine_rank_plan, measured_replan
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
-from pipesplit.passes.pipeline import split_and_schedule
+from pipesplit.passes.split.pipeline import split_and_schedule
 from pipesplit.passes.engine.open_state import open_engine_state
 from pipesplit.passes.engine.strategy_config import config_from_strategy, record_pipe
 
@@ -57,7 +57,7 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
 
     The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
     :func:`pipesplit.passes.engine.engine_rank.build_engine_rank_plan`; a whole-model program (chunk id =
-    global stage) to :func:`pipesplit.passes.pipeline.split_and_schedule`."""
+    global stage) to :func:`pipesplit.passes.split.pipeline.split_and_schedule`."""
     main = _single(dense_main_program, "dense_main_program")
     _single(dense_startup_program, "dense_startup_program")
     state = state_of(pipeline_strategy)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
-from pipesplit.passes.core import PipelinePlan
+from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.engine.state import EngineState, engine_state
 from pipesplit.passes.transport.launch_store import round_key
 from pipesplit.passes.transport.step_exchange import create_scope_variables

@@ -73,7 +73,7 @@ class UserOptions:
 class ModePlan:
     """One mode's (train / eval / predict) plan, as the engine prepared it."""
 
-    pipeline: object             # pipesplit.passes.core.PipelinePlan
+    pipeline: object             # pipesplit.passes.split.core.PipelinePlan
     #: the engine fields it keeps ONE copy of for all modes, as this mode set them
     engine_fields: Dict[str, object]
     steps: int = 0               # steps run in this mode

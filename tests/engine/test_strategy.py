@@ -10,7 +10,7 @@ from paddle.distributed.auto_parallel.static import engine, pir_pass
 
 from pipesplit.ir_utils import PlanRunner, build_gpt, init_scope, read_params, run_unsplit_baseline
 from pipesplit.passes import strategy as ps_strategy
-from pipesplit.passes import registration
+from pipesplit.passes.split import registration
 from pipesplit.passes.engine import paddle_patches
 from pipesplit.passes.engine.state import HANDLE
 
