@@ -382,7 +382,7 @@ def measure_and_replan(original):
         step = state.train_steps
         state.train_steps += 1
         before = state.pipeline_of("train")
-        from pipesplit.passes.measure.replan import ops_on_this_thread
+        from pipesplit.passes.measure.profile import ops_on_this_thread
 
         if state.measure_step is not None and step < state.measure_step:
             with ops_on_this_thread():  # (the interpreters the measured step runs)
