@@ -48,7 +48,7 @@ def test_the_demo_builds_lowers_and_simulates_once(calls, capsys):
 @pytest.mark.parametrize("mode,vpp", [("auto", 1), ("ZBV", 2)])
 def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
     from pipesplit.passes.engine.state import HANDLE, EngineState, UserOptions
-    from pipesplit.passes.engine.strategy_config import checked_request
+    from pipesplit.passes.engine.strategy_checks import checked_request
 
     strategy = _pipeline_strategy(mode, vpp=vpp)
     request, checked = checked_request(strategy)  # what the Engine.__init__ hook does

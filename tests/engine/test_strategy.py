@@ -195,7 +195,7 @@ def _attached(pipeline):
     """``pipeline`` with an engine's state attached, its request resolved once, as
     ``Engine.__init__``'s hook attaches it."""
     from pipesplit.passes.engine.state import EngineState, UserOptions
-    from pipesplit.passes.engine.strategy_config import checked_request
+    from pipesplit.passes.engine.strategy_checks import checked_request
 
     request, checked = checked_request(pipeline)
     state = EngineState(request, checked, UserOptions(), None, {}, frozenset())
