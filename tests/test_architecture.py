@@ -85,7 +85,7 @@ def _edges():
 
 def test_graph_sees_module_and_function_level_imports():
     assert ("job_list.auto", "job_list.greedy") in _edges()            # relative, module level
-    assert ("passes.split.per_rank", "job_list.ir") in _edges()              # absolute pipesplit.
+    assert ("passes.split.per_rank", "job_list.ir") in _edges()        # absolute pipesplit.
     assert "job_list.zero_bubble" in GRAPH["job_list"]                 # from . import x
     assert any(b.startswith("job_list") for b in GRAPH["tools.cli"])   # function level (lazy)
 

@@ -46,8 +46,8 @@ from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
 from pipesplit.passes.engine.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
-                                                SharedOnThisRank, SharedParameter,
-                                                serve_shared_parameters, step_transfers)
+                                                       SharedOnThisRank, SharedParameter,
+                                                       serve_shared_parameters, step_transfers)
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
 from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency,  # noqa: E402
                                             first_user, producer_of)

@@ -56,8 +56,8 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``.
 
     The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
-    :func:`pipesplit.passes.engine.engine_rank.build_engine_rank_plan`; a whole-model program (chunk id =
-    global stage) to :func:`pipesplit.passes.split.pipeline.split_and_schedule`."""
+    :func:`pipesplit.passes.engine.engine_rank.build_engine_rank_plan`; a whole-model program
+    (chunk id = global stage) to :func:`pipesplit.passes.split.pipeline.split_and_schedule`."""
     main = _single(dense_main_program, "dense_main_program")
     _single(dense_startup_program, "dense_startup_program")
     state = state_of(pipeline_strategy)

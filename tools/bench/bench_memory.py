@@ -7,9 +7,10 @@
 Profiles the model first (:func:`pipesplit.passes.measure.profile.profile_jobs`: per-job times and
 live-memory deltas), then runs one whole step of each schedule, every rank in one process, and
 reads the allocator's peak.  See
-:func:`pipesplit.passes.measure.calibration.calibration_table` for the columns.  JSON: one record per schedule with ``schedule``, ``peak_bytes`` (measured),
-``sim_peak_units`` (simulator, max over ranks), ``step_ms`` (measured median),
-``sim_makespan`` (simulator, measured costs, ms) and the derived figures.
+:func:`pipesplit.passes.measure.calibration.calibration_table` for the columns.  JSON: one
+record per schedule with ``schedule``, ``peak_bytes`` (measured), ``sim_peak_units``
+(simulator, max over ranks), ``step_ms`` (measured median), ``sim_makespan`` (simulator,
+measured costs, ms) and the derived figures.
 """
 from __future__ import annotations
 
