@@ -35,7 +35,8 @@ setup(
     ],
     python_requires=">=3.9",
     packages=["pipesplit", "pipesplit.job_list", "pipesplit.ir_utils", "pipesplit.passes",
-              "pipesplit.passes.engine", "pipesplit.passes.measure", "pipesplit.passes.transport",
+              "pipesplit.passes.engine", "pipesplit.passes.measure", "pipesplit.passes.split",
+              "pipesplit.passes.transport",
               "pipesplit.tools", "pipesplit.tools.bench"],
     package_dir={
         "pipesplit": "pipesplit",

@@ -33,7 +33,8 @@ does nothing):
   ``recv_v2``, whose CPU kernels are stubs: when the engine hands the plan to its executor
   (``Executor._set_plan``) they become gloo broadcasts on ring 0, rooted at the sender.
 
-pipesplit's own engine path (:mod:`pipesplit.passes.engine_rank`) builds its gloo transfers itself.
+pipesplit's own engine path (:mod:`pipesplit.passes.engine.engine_rank`) builds its gloo
+transfers itself.
 Paddle's own passes run on two CPU ranks (one usable communicator per process); pipesplit's
 serve more (the world ring, :mod:`pipesplit.passes.transport.lockstep`).
 The hook bodies are :mod:`pipesplit.passes.engine.cpu_hooks`; the names are replaced (and given

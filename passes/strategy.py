@@ -14,17 +14,20 @@ completion, its chunk check and the loss fetch.  :func:`enable_strategy`:
   chunk check and loss fetch serve every pipesplit schedule;
 * wraps the engine's ``complete_chunk_id`` (nothing to do with one chunk per rank) and
   ``check_chunk_id`` (skipped when no op has a chunk id: pipesplit gives them chunk 0);
-* routes Paddle's ``pipeline_scheduler_<NAME>`` passes to pipesplit (registration.enable).
+* routes Paddle's ``pipeline_scheduler_<NAME>`` passes to pipesplit
+  (:func:`pipesplit.passes.split.registration.enable`).
 
 :func:`disable_strategy` restores all of it.  The engine's per-rank program goes to
-:mod:`pipesplit.passes.engine_rank`; a whole-model program (chunk id = global stage) to
-:mod:`pipesplit.passes.pipeline` (``pp_stage`` from this process's rank, or every rank emulated
-in one process); zero its gradient accumulators with ``last_pipeline().init_scope(scope)``.
+:mod:`pipesplit.passes.engine.engine_rank`; a whole-model program (chunk id = global stage) to
+:mod:`pipesplit.passes.split.pipeline` (``pp_stage`` from this process's rank, or every rank
+emulated in one process); zero its gradient accumulators with
+``last_pipeline().init_scope(scope)``.
 
-The Paddle names are replaced by :mod:`pipesplit.passes.engine.paddle_patches` (group ``"engine"``,
-the full list there), the hook bodies are :mod:`pipesplit.passes.engine.hooks`, the strategy's
-translation :mod:`pipesplit.passes.engine.strategy_config`, the user's options (``use_costs``
-...) :mod:`pipesplit.passes.engine.user_options`, the engine's state opened by
+The Paddle names are replaced by :mod:`pipesplit.passes.engine.paddle_patches` (group
+``"engine"``, the full list there), the hook bodies are :mod:`pipesplit.passes.engine.hooks`,
+the strategy's translation :mod:`pipesplit.passes.engine.strategy_config`, its checks
+(``check_strategy`` ...) :mod:`pipesplit.passes.engine.strategy_checks`, the user's options
+(``use_costs`` ...) :mod:`pipesplit.passes.engine.user_options`, the engine's state opened by
 :mod:`pipesplit.passes.engine.open_state`.
 """
 from __future__ import annotations
@@ -34,12 +37,12 @@ from pipesplit.passes.engine.hooks import last_pipeline, pipeline_pass
 from pipesplit.passes.engine.replanning import Replanned
 from pipesplit.passes.engine.replanning import replan as _replan_engine
 from pipesplit.passes.engine.state import engine_state
-from pipesplit.passes.engine.strategy_config import (check_strategy, config_from_strategy,
-                                                     pipe_from_strategy, record_pipe,
-                                                     requested_schedule)
+from pipesplit.passes.engine.strategy_checks import check_strategy
+from pipesplit.passes.engine.strategy_config import (config_from_strategy, pipe_from_strategy,
+                                                     record_pipe, requested_schedule)
 from pipesplit.passes.engine.user_options import measure_costs, use_costs, use_memory_budget
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
-from pipesplit.passes import registration
+from pipesplit.passes.split import registration
 from pipesplit.passes.engine import paddle_patches
 
 require_supported_paddle()
@@ -104,7 +107,7 @@ def replan(dist_model, costs):
     """Build the training plan of ``dist_model`` (what ``dist.to_static`` returned) again with
     ``costs`` (a :class:`~pipesplit.job_list.Costs`) and train with it from the next step on;
     every process calls it between the same two steps.  Returns the new
-    :class:`~pipesplit.passes.core.PipelinePlan`.  ``auto`` does this by itself once with
+    :class:`~pipesplit.passes.split.core.PipelinePlan`.  ``auto`` does this by itself once with
     the costs it measures (:func:`measure_costs`)."""
     return _replan_engine(_engine_of(dist_model), costs)
 
@@ -117,7 +120,7 @@ def replanned(dist_model):
 
 
 def plan_of(dist_model, mode: str = "train"):
-    """The :class:`~pipesplit.passes.core.PipelinePlan` ``dist_model`` runs in ``mode``
+    """The :class:`~pipesplit.passes.split.core.PipelinePlan` ``dist_model`` runs in ``mode``
     ("train", "eval" or "predict") on this process: its ``job_order``, sub-programs
     (``split.programs``) and schedule; None before the engine prepared that mode, or for
     Paddle's own schedules."""

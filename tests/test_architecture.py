@@ -85,7 +85,7 @@ def _edges():
 
 def test_graph_sees_module_and_function_level_imports():
     assert ("job_list.auto", "job_list.greedy") in _edges()            # relative, module level
-    assert ("passes.per_rank", "job_list.ir") in _edges()              # absolute pipesplit.
+    assert ("passes.split.per_rank", "job_list.ir") in _edges()        # absolute pipesplit.
     assert "job_list.zero_bubble" in GRAPH["job_list"]                 # from . import x
     assert any(b.startswith("job_list") for b in GRAPH["tools.cli"])   # function level (lazy)
 
@@ -273,7 +273,7 @@ def test_the_engine_state_is_the_one_pipesplit_attribute_on_paddle_objects():
 #: registries (its functions, its pass names): the only process-wide state, each with why
 PROCESS_WIDE = {
     ("passes/engine/door.py", "DOOR"): "Paddle's functions replaced, and Paddle's own",
-    ("passes/registration.py", "ROUTING"): "Paddle's pass names routed, and Paddle's own",
+    ("passes/split/registration.py", "ROUTING"): "Paddle's pass names routed, and Paddle's own",
     ("passes/engine/cpu_hooks.py", "_gloo_rings"): "the gloo contexts made in Paddle's "
                                             "CommContextManager, which cannot be asked",
 }

@@ -1,6 +1,6 @@
 """``pipesplit demo``: train a small model with a pipeline schedule on CPU, beside an unsplit run.
 
-Every rank of the pipeline is emulated in one process (see :mod:`pipesplit.passes.pipeline`).
+Every rank of the pipeline is emulated in one process (see :mod:`pipesplit.passes.split.pipeline`).
 Prints the schedule grid, the simulated bubble ratio and peak activation memory, each step's
 loss beside the unsplit run's, and the largest parameter difference.
 """

@@ -124,7 +124,7 @@ def run(args, rank: int, world: int, log=sys.stderr, tag: str = "result") -> Opt
     from pipesplit.ir_utils import init_scope, read_params, run_unsplit_baseline
     from pipesplit.passes.transport.p2p import PROGRESS_VAR
     from pipesplit.job_list.request import PipelineConfig
-    from pipesplit.passes.per_rank import build_rank_plan
+    from pipesplit.passes.split.per_rank import build_rank_plan
     from pipesplit.tools.demo import build_model
 
     paddle.enable_static()

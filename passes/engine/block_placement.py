@@ -206,11 +206,11 @@ def _what_it_reads(op) -> str:
 def parameters_read_elsewhere(dist_program, meshes, state) -> tuple:
     """The parameters read on another stage through a reshard onto that stage's mesh (a tied
     embedding read by the head, as ``dist.parallelize`` or a model writes it), one
-    :class:`~pipesplit.passes.shared_parameters.SharedParameter` per (parameter, reading
+    :class:`~pipesplit.passes.engine.shared_parameters.SharedParameter` per (parameter, reading
     stage), sorted; readers on the owner's rank (a V placement brings the last stage back to
     the first's) need no transfer and are left out.  Each plan sends the weight once per step
-    and returns its gradient once (:mod:`pipesplit.passes.shared_parameters`)."""
-    from pipesplit.passes.shared_parameters import SharedParameter
+    and returns its gradient once (:mod:`pipesplit.passes.engine.shared_parameters`)."""
+    from pipesplit.passes.engine.shared_parameters import SharedParameter
 
     placement = state.request.placement
     ops = dist_program.global_block().ops

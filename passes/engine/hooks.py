@@ -18,18 +18,18 @@ from pipesplit.passes.transport.progress import failure_reason
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
 from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
-from pipesplit.passes.checks import check_sequence_parallel
+from pipesplit.passes.engine.sequence_parallel import check_sequence_parallel
 from pipesplit.passes.engine.chunk_fill import fill_chunk_ids
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
-from pipesplit.passes.core import PipelinePlan
-from pipesplit.passes.engine_rank import is_engine_program
+from pipesplit.passes.split.core import PipelinePlan
+from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.state import HANDLE, EngineState, ModePlan, engine_state, state_of
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
 from pipesplit.passes.engine.replanning import engine_rank_plan, measured_replan
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
-from pipesplit.passes.pipeline import split_and_schedule
+from pipesplit.passes.split.pipeline import split_and_schedule
 from pipesplit.passes.engine.open_state import open_engine_state
 from pipesplit.passes.engine.strategy_config import config_from_strategy, record_pipe
 
@@ -57,8 +57,8 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``.
 
     The engine's per-rank program (it carries Paddle's send_v2 / recv_v2) goes to
-    :func:`pipesplit.passes.engine_rank.build_engine_rank_plan`; a whole-model program (chunk id =
-    global stage) to :func:`pipesplit.passes.pipeline.split_and_schedule`."""
+    :func:`pipesplit.passes.engine.engine_rank.build_engine_rank_plan`; a whole-model program
+    (chunk id = global stage) to :func:`pipesplit.passes.split.pipeline.split_and_schedule`."""
     main = _single(dense_main_program, "dense_main_program")
     _single(dense_startup_program, "dense_startup_program")
     state = state_of(pipeline_strategy)
@@ -383,7 +383,7 @@ def measure_and_replan(original):
         step = state.train_steps
         state.train_steps += 1
         before = state.pipeline_of("train")
-        from pipesplit.passes.measure.replan import ops_on_this_thread
+        from pipesplit.passes.measure.profile import ops_on_this_thread
 
         if state.measure_step is not None and step < state.measure_step:
             with ops_on_this_thread():  # (the interpreters the measured step runs)
@@ -545,8 +545,8 @@ def stage_by_mesh(original):
 def check_chunk_id(original):
     """Paddle's chunk check needs chunk ids, which the engine sets only for vpp > 1; with one
     chunk per rank (no op has a chunk id) pipesplit gives every op chunk 0 itself
-    (:func:`pipesplit.passes.engine_rank.localize_chunks`).  Where Paddle's rule finds no chunk
-    (a sharded gradient's reshard before the gradient merge), the op's data names it
+    (:func:`pipesplit.passes.engine.engine_rank.localize_chunks`).  Where Paddle's rule finds
+    no chunk (a sharded gradient's reshard before the gradient merge), the op's data names it
     (:func:`~pipesplit.passes.engine.chunk_fill.fill_chunk_ids`)."""
     def check_chunk_id(dist_program):
         if not any(op.dist_attr is not None and op.dist_attr.chunk_id >= 0

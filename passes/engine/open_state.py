@@ -6,8 +6,7 @@ request once (:func:`~.strategy_config.resolve_request`); every later hook reads
 from __future__ import annotations
 
 from pipesplit.passes.engine.state import EngineState, options_of
-from pipesplit.passes.engine.strategy_config import (block_sizes, checked_schedule,
-                                                     resolve_request)
+from pipesplit.passes.engine.strategy_config import resolve_request
 from pipesplit.passes.engine.user_options import check_memory_budget, measured_step
 
 #: ``strategy.pipeline.pp_degree`` when the user leaves it alone (Paddle's default)
@@ -57,8 +56,9 @@ def open_engine_state(engine) -> EngineState:
     import paddle
     import paddle.distributed as dist
 
-    from pipesplit.passes.engine.strategy_checks import (check_fields, check_gradient_merge,
-                                                         check_model, check_world)
+    from pipesplit.passes.engine.strategy_checks import (block_sizes, check_fields,
+                                                         check_gradient_merge, check_model,
+                                                         check_world, checked_schedule)
     from pipesplit.passes.engine.surgery import placements_of
     from pipesplit.passes.transport.devices import transport_for
 

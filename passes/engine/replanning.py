@@ -10,17 +10,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
-from pipesplit.passes.core import PipelinePlan
+from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.engine.state import EngineState, engine_state
 from pipesplit.passes.transport.launch_store import round_key
 from pipesplit.passes.transport.step_exchange import create_scope_variables
-from pipesplit.passes.engine_rank import build_engine_rank_plan
+from pipesplit.passes.engine.engine_rank import build_engine_rank_plan
 from pipesplit.passes.engine.strategy_config import pipe_from_strategy
 
 
 def engine_rank_plan(main, config, pipeline_strategy, state: EngineState, built=None):
     """This rank's plan from the engine's program ``main``; the scope variables its step jobs
-    read and write (:mod:`pipesplit.passes.shared_parameters`) are made in the engine's scope
+    read and write (:mod:`pipesplit.passes.engine.shared_parameters`) are made in the engine's scope
     (Paddle's global scope), zeroed."""
     import paddle
 
@@ -103,8 +103,9 @@ def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int,
 
     from pipesplit.ir_utils.measure import MemoryStats
     from pipesplit.passes.measure.memory_budget import MemoryModel, rank_memory
-    from pipesplit.passes.measure.replan import (costs_from, ops_on_this_thread, profile_jobs,
-                                                 profile_jobs_and_memory, rank_measurement)
+    from pipesplit.passes.measure.profile import (ops_on_this_thread, record_jobs,
+                                                  record_jobs_and_memory)
+    from pipesplit.passes.measure.replan import costs_from, rank_measurement
 
     budget = state.options.memory_budget
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -121,10 +122,10 @@ def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int,
 
     config = before.config
     if budget is None:
-        logs, jobs = profile_jobs(measured)
+        logs, jobs = record_jobs(measured)
         measurement = rank_measurement(jobs, config)
     else:
-        logs, jobs, levels = profile_jobs_and_memory(measured)
+        logs, jobs, levels = record_jobs_and_memory(measured)
         measurement = dict(rank_measurement(jobs, config), memory=dict(
             rank_memory(levels, start_bytes, config.pp_stage, config.placement), budget=budget))
     clock.lap("step_s")

@@ -73,7 +73,7 @@ class UserOptions:
 class ModePlan:
     """One mode's (train / eval / predict) plan, as the engine prepared it."""
 
-    pipeline: object             # pipesplit.passes.core.PipelinePlan
+    pipeline: object             # pipesplit.passes.split.core.PipelinePlan
     #: the engine fields it keeps ONE copy of for all modes, as this mode set them
     engine_fields: Dict[str, object]
     steps: int = 0               # steps run in this mode
@@ -105,7 +105,7 @@ class EngineState:
     modes: Dict[str, ModePlan] = field(default_factory=dict)
     train_steps: int = 0          # training steps run (the measured step counts them)
     replanned: Optional[object] = None  # pipesplit.passes.engine.replanning.Replanned
-    # parameters read on another stage's rank (pipesplit.passes.shared_parameters)
+    # parameters read on another stage's rank (pipesplit.passes.engine.shared_parameters)
     shared_parameters: tuple = ()
     # what hands a V placement's loss to the last stage (pipesplit.passes.engine.loss_location)
     loss_carrier: Optional[object] = None

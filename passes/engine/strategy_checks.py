@@ -14,9 +14,14 @@ words (strategy fields, processes, layer classes):
 * :func:`check_model` - ``vpp_seg_method`` against the model's layer classes and block count;
 * :func:`check_engine_strategy` - the three, in that order;
 * :func:`check_gradient_merge` - a user's gradient merge only as Paddle runs it (the
-  pipeline's own, ``k_steps = accumulate_steps``).
+  pipeline's own, ``k_steps = accumulate_steps``);
+* :func:`check_strategy` - the request the section makes
+  (:func:`~.strategy_config.resolve_request`) and the schedule it names, built once for pp /
+  vpp / micro-batches (:func:`checked_request`, :func:`checked_schedule`).
 
-The checks only read the strategy: they never set, convert or normalise a field.
+Beside them, what the model check counts: the blocks the user placed on each stage mesh
+(:func:`blocks_per_stage_mesh`, :func:`block_sizes`).  The checks only read the strategy: they
+never set, convert or normalise a field.
 """
 from __future__ import annotations
 
@@ -24,12 +29,17 @@ import difflib
 import re
 from typing import List, Optional
 
+from pipesplit.job_list.placement import SizeError
+from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.engine.state import Request, state_of
+from pipesplit.passes.engine.strategy_config import resolve_request, said_in_strategy_terms
 
 paddle = require_supported_paddle()
 
-__all__ = ["INT_FIELDS", "blocks_per_stage_mesh", "check_engine_strategy", "check_fields",
-           "check_gradient_merge", "check_model", "check_world"]
+__all__ = ["INT_FIELDS", "block_sizes", "blocks_per_stage_mesh", "check_engine_strategy",
+           "check_fields", "check_gradient_merge", "check_model", "check_strategy", "check_world",
+           "checked_request", "checked_schedule"]
 
 _PREFIX = "strategy.pipeline."
 #: the int fields of ``strategy.pipeline`` pipesplit reads (each >= 1; Paddle's defaults are 1)
@@ -199,6 +209,15 @@ def blocks_per_stage_mesh(pipeline_strategy, model) -> Optional[List[int]]:
     return [per_mesh[key] for key in sorted(per_mesh)]
 
 
+def block_sizes(pipeline_strategy, model) -> Optional[list]:
+    """How many blocks the user placed on each stage mesh, where they differ between stages
+    (Paddle's VPP test: 7 layers on pp 2), else None: the schedule is then built and
+    simulated with job costs in proportion to each virtual stage's blocks
+    (:func:`~.strategy_config.sized_costs`), unless :func:`~.user_options.use_costs` gave costs."""
+    per_rank = blocks_per_stage_mesh(pipeline_strategy, model)
+    return per_rank if per_rank is not None and len(set(per_rank)) > 1 else None
+
+
 def _check_block_count(pipeline_strategy, blocks: list) -> None:
     """Each stage mesh keeps the blocks the user placed on it and deals them to its
     ``vpp_degree`` chunks (Paddle's rule), so each needs at least ``vpp_degree`` blocks; with
@@ -285,3 +304,32 @@ def check_gradient_merge(strategy) -> None:
         f"strategy.gradient_merge.k_steps={steps} (or leave it at {_DEFAULT_K_STEPS}, or "
         f"gradient_merge.enable = False), and strategy.pipeline.accumulate_steps to the "
         f"micro-batches you want per update")
+
+
+def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> PipelineConfig:
+    """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything:
+    an unknown schedule name, or pp / vpp / micro-batches the schedule cannot serve
+    (``ValueError`` naming the strategy field and the constraint).  Returns the config (no
+    rank); :func:`checked_request` also returns the schedule built for the check."""
+    return checked_request(pipeline_strategy, blocks)[0].config
+
+
+def checked_request(pipeline_strategy, blocks: Optional[list] = None):
+    """(request, schedule): the section's :class:`~.state.Request` (no rank) and the schedule
+    :func:`checked_schedule` built for it (an engine's: those its state keeps)."""
+    state = state_of(pipeline_strategy)
+    if state is not None:
+        return state.request, state.checked
+    request = resolve_request(pipeline_strategy, None, blocks)
+    return request, checked_schedule(request)
+
+
+def checked_schedule(request: Request):
+    """The schedule ``request`` asks for, built to check that it serves the strategy (the
+    plan opening takes it): ``ValueError`` naming ``schedule_mode`` and the constraint."""
+    try:
+        return request.config.build()
+    except ValueError as e:
+        said = said_in_strategy_terms(e) if isinstance(e, SizeError) else str(e)
+        raise ValueError(f"strategy.pipeline.schedule_mode={request.config.schedule!r} cannot "
+                         f"serve this strategy: {said}") from None

@@ -1,8 +1,11 @@
 """Paddle's ``Strategy().pipeline`` in pipesplit's terms: the :class:`~.state.Request` it makes
-(the schedule it names, its :class:`PipelineConfig`, placement and whether it searches), and
-this process's pipeline (:class:`Pipe`) from the engine's stage meshes.  Only translation:
-nothing here writes to the strategy (what Paddle derives is filled in when the engine's state
-is opened: :mod:`.open_state`; the user's options are :mod:`.user_options`).
+(the schedule it names, its :class:`PipelineConfig`, placement and whether it searches), the
+costs of stages of uneven size, and this process's pipeline (:class:`Pipe`) from the engine's
+stage meshes.  Only translation: nothing here writes to the strategy (what Paddle derives is
+filled in when the engine's state is opened: :mod:`.open_state`), and a field the schedule
+cannot take is a ``ValueError`` in the strategy's words (the checks that the request serves,
+before the engine builds anything, are :mod:`.strategy_checks`; the user's options are
+:mod:`.user_options`).
 
 An engine's request is resolved once, when its state is opened, and read from its
 :class:`~.state.EngineState` afterwards; a strategy outside an engine is translated afresh at
@@ -24,7 +27,7 @@ _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps",
           "num_micro_batches": "accumulate_steps"}
 
 
-def _said_in_strategy_terms(error: SizeError) -> str:
+def said_in_strategy_terms(error: SizeError) -> str:
     return error.said_as(f"strategy.pipeline.{_FIELD.get(error.field, error.field)}")
 
 
@@ -62,7 +65,7 @@ def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
     try:
         config = PipelineConfig.from_attrs(spec, attrs)
     except SizeError as e:
-        raise ValueError(_said_in_strategy_terms(e)) from None
+        raise ValueError(said_in_strategy_terms(e)) from None
     except ValueError as e:
         raise ValueError(f"strategy.pipeline: {e}") from None
     placement = sized or Placement(spec.placement, config.pp_degree, config.vpp_degree)
@@ -96,21 +99,11 @@ def record_pipe(dist_program, pipeline_strategy) -> Pipe:
     return pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
 
 
-def block_sizes(pipeline_strategy, model) -> Optional[list]:
-    """How many blocks the user placed on each stage mesh, where they differ between stages
-    (Paddle's VPP test: 7 layers on pp 2), else None: the schedule is then built and
-    simulated with job costs in proportion to each virtual stage's blocks
-    (:func:`sized_costs`), unless :func:`~.user_options.use_costs` gave costs."""
-    from pipesplit.passes.engine.strategy_checks import blocks_per_stage_mesh
-
-    per_rank = blocks_per_stage_mesh(pipeline_strategy, model)
-    return per_rank if per_rank is not None and len(set(per_rank)) > 1 else None
-
-
 def sized_costs(placement: Optional[Placement], blocks: Optional[list]) -> Optional[Costs]:
     """Unit job costs scaled per global virtual stage by its share of the ``blocks`` of each
-    stage mesh (:func:`block_sizes`; dealt to its chunks on the schedule's ``placement``:
-    :meth:`~pipesplit.job_list.placement.Placement.deal_blocks`); None for even stages."""
+    stage mesh (:func:`~.strategy_checks.block_sizes`; dealt to its chunks on the schedule's
+    ``placement``: :meth:`~pipesplit.job_list.placement.Placement.deal_blocks`); None for even
+    stages."""
     if blocks is None:
         return None
     dealt = placement.deal_blocks(blocks)
@@ -164,32 +157,3 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto",
     if state is not None:
         return state.config.replaced(pp_stage=stage)
     return resolve_request(pipeline_strategy, stage, blocks).config
-
-
-def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> PipelineConfig:
-    """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything:
-    an unknown schedule name, or pp / vpp / micro-batches the schedule cannot serve
-    (``ValueError`` naming the strategy field and the constraint).  Returns the config (no
-    rank); :func:`checked_request` also returns the schedule built for the check."""
-    return checked_request(pipeline_strategy, blocks)[0].config
-
-
-def checked_request(pipeline_strategy, blocks: Optional[list] = None):
-    """(request, schedule): the section's :class:`~.state.Request` (no rank) and the schedule
-    :func:`checked_schedule` built for it (an engine's: those its state keeps)."""
-    state = state_of(pipeline_strategy)
-    if state is not None:
-        return state.request, state.checked
-    request = resolve_request(pipeline_strategy, None, blocks)
-    return request, checked_schedule(request)
-
-
-def checked_schedule(request: Request):
-    """The schedule ``request`` asks for, built to check that it serves the strategy (the
-    plan opening takes it): ``ValueError`` naming ``schedule_mode`` and the constraint."""
-    try:
-        return request.config.build()
-    except ValueError as e:
-        said = _said_in_strategy_terms(e) if isinstance(e, SizeError) else str(e)
-        raise ValueError(f"strategy.pipeline.schedule_mode={request.config.schedule!r} cannot "
-                         f"serve this strategy: {said}") from None

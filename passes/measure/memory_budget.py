@@ -2,7 +2,8 @@
 through the engine.
 
 During the measured training step (:mod:`pipesplit.passes.measure.replan`) Paddle's profiler
-also records every allocation with the allocator's live bytes after it.  Per process that gives,
+also records every allocation with the allocator's live bytes after it
+(:func:`pipesplit.passes.measure.profile.record_jobs_and_memory`).  Per process that gives,
 for each compute job, the live bytes at its end and the highest they reached while it ran
 (:func:`job_memory`); per job kind and global stage, the (low) median over the micro-batches
 of

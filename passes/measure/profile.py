@@ -1,15 +1,24 @@
-"""Measure per-job costs of a model in Paddle's executor, for the simulator and ``auto``.
+"""The one profiler of jobs: what each job of a plan takes in Paddle's executor, measured
+two ways.
 
-:func:`profile_jobs` splits the model (once with ``split_backward=True`` for forward /
-backward_b / backward_w / optimizer / send / recv, once unsplit for the full backward) and runs
-small ``core.Plan`` s built with :func:`~pipesplit.ir_utils.make_plan` on the standalone executor:
+**The jobs one run executed** (what the engine's measured step and the benchmarks read):
+:func:`record_jobs` runs ``run()`` under Paddle's host profiler; the standalone executor records
+every job it runs as a ``<job type>-<micro-batch>`` event, whose wall time is the job's
+(:func:`executed_jobs`; :func:`job_times` groups them by job type);
+:func:`record_jobs_and_memory` records every allocation too.
+
+**A model's jobs, probed one job type at a time** (``pipesplit profile``, the cost files
+:func:`pipesplit.passes.strategy.use_costs` reads): :func:`profile_jobs` splits the model (once
+with ``split_backward=True`` for forward / backward_b / backward_w / optimizer / send / recv,
+once unsplit for the full backward) and runs small ``core.Plan`` s built with
+:func:`~pipesplit.ir_utils.make_plan` on the standalone executor, into a :class:`Profile`:
 
 * **time** of job type ``T`` (one chunk = one global stage): the plan ``P`` of every job type
   before ``T`` in a grouped F-then-B order (each type for every micro-batch: ``forward0 x m``,
   ``forward1 x m`` ... ``backward_b{S-1} x m``, ``backward_w{S-1} x m`` ...) is timed against
-  ``P + [T for each micro-batch] * K`` (``K = max(inner, len(P) / m)``); the difference of the median run times, divided by
-  ``K * m``, is one job's time.  Both executors are built once and their runs interleaved,
-  so executor set-up and drift cancel.
+  ``P + [T for each micro-batch] * K`` (``K = max(inner, len(P) / m)``); the difference of the
+  median run times, divided by ``K * m``, is one job's time.  Both executors are built once and
+  their runs interleaved, so executor set-up and drift cancel.
 * **live memory** of job type ``T``: the prefix plans are built with the skip-gc sets of the FULL
   order (a value a later, absent job still reads is kept), so after running a prefix on a fresh
   scope the allocator's current value holds exactly what the pipeline keeps alive at that
@@ -18,17 +27,18 @@ small ``core.Plan`` s built with :func:`~pipesplit.ir_utils.make_plan` on the st
   the unit of :func:`~pipesplit.job_list.simulate.simulate`'s memory model.
 
 Times are milliseconds.  The measuring itself (allocator statistics, the serial executor, runs
-behind the executor's garbage collector, timed plan runs) is :mod:`pipesplit.ir_utils.measure`.
+behind the executor's garbage collector, timed plan runs) is :mod:`pipesplit.ir_utils.measure`;
+a whole step of each schedule against the simulator is :mod:`.calibration`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from pipesplit.job_list.events import rank_peaks, serial_memory
 from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, COMPUTE_KINDS,
                                    FORWARD, OPTIMIZER, job_type, parse_job_type)
 from pipesplit.job_list.simulate import Costs
@@ -38,9 +48,9 @@ from pipesplit.passes._paddle import require_supported_paddle
 paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import init_scope, make_plan  # noqa: E402
-from pipesplit.ir_utils.measure import (PEAK_RUNS, MemoryStats, TimedExecutor,  # noqa: E402
-                                        gc_priority, median_time_difference, plan_with_gc_of,
-                                        run_behind_gc, serial_executor)
+from pipesplit.ir_utils.measure import (MemoryStats, TimedExecutor, gc_priority,  # noqa: E402
+                                        median_time_difference, plan_with_gc_of,
+                                        serial_executor)
 
 STAGE_KINDS = COMPUTE_KINDS + COMM_KINDS  # the job kinds with one chunk (= global stage) each
 FORMAT = "pipesplit-profile/1"
@@ -139,13 +149,13 @@ class Profile:
         rows = [head]
         for s in range(self.num_stages):
             rows.append([str(s)] + [f"{self.times[k][s]:.4g}" for k in kinds])
-        out = [_table(rows)]
+        out = [text_table(rows)]
         out.append(f"optimizer {self.times.get('optimizer', 0.0):.4g} ms (whole job)")
         mkinds = [k for k in COMPUTE_KINDS if k in self.memory]
         rows = [["stage"] + [f"{k} live delta" for k in mkinds]]
         for s in range(self.num_stages):
             rows.append([str(s)] + [format_bytes(self.memory[k][s]) for k in mkinds])
-        out.append(_table(rows))
+        out.append(text_table(rows))
         out.append(f"memory unit (largest stage's activations, one micro-batch): "
                    f"{format_bytes(self.unit_bytes)}")
         return "\n".join(out)
@@ -163,7 +173,7 @@ def _clamp(values, floor):
     return tuple(float(f"{max(floor, float(v)):.4g}") for v in values)
 
 
-def _table(rows) -> str:
+def text_table(rows) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for k, row in enumerate(rows):
@@ -207,7 +217,112 @@ def parse_memory(text: Union[str, float, int]) -> Tuple[float, bool]:
     return value, is_bytes
 
 
-# --------------------------------------------------------------------------- profiling
+# ----------------------------------------------------------------- the jobs a run executed
+
+#: the executor's event whose children are the jobs it ran
+_EXECUTOR_EVENT = "StandaloneExecutor::run"
+
+
+def executed_job_spans(result) -> List[Tuple[str, int, int, int]]:
+    """(job type, micro-batch, start ns, end ns) of every job the standalone executor ran, in
+    run order, from a ``paddle.profiler`` result (its ``StandaloneExecutor::run`` events'
+    children)."""
+    runs = []
+    stack = list(result.get_data().values())
+    while stack:
+        node = stack.pop()
+        if node.name == _EXECUTOR_EVENT:
+            runs.append(node)
+        else:
+            stack.extend(node.children_node)
+    out = []
+    for run in sorted(runs, key=lambda n: n.start_ns):
+        for job in sorted(run.children_node, key=lambda n: n.start_ns):
+            kind, _, micro_batch = job.name.rpartition("-")
+            if kind and micro_batch.isdigit():
+                out.append((kind, int(micro_batch), job.start_ns, job.end_ns))
+    return out
+
+
+def executed_jobs(result) -> List[Tuple[str, int, float]]:
+    """(job type, micro-batch, milliseconds) of :func:`executed_job_spans`."""
+    return [(t, mb, (end - start) / 1e6) for t, mb, start, end in executed_job_spans(result)]
+
+
+def allocator_events(result) -> List[Tuple[int, int]]:
+    """(ns, allocated bytes after it) of every allocation and free a ``paddle.profiler``
+    result with ``profile_memory`` recorded, on any thread."""
+    out = []
+    stack = list(result.get_data().values())
+    while stack:
+        node = stack.pop()
+        out.extend((m.timestamp_ns, m.current_allocated) for m in node.mem_node)
+        stack.extend(node.children_node)
+    return out
+
+
+def job_times(jobs: Sequence[Tuple[str, int, float]]) -> Dict[str, List[float]]:
+    """The milliseconds of :func:`executed_jobs` by job type, in run order."""
+    out: Dict[str, List[float]] = {}
+    for t, _, ms in jobs:
+        out.setdefault(t, []).append(ms)
+    return out
+
+
+#: Paddle's flag that makes the interpreters built while it is on run their ops on the calling
+#: thread (its "trace mode"); it is read when an interpreter is built, not when it runs
+_TRACE_RUN_FLAG = "FLAGS_enable_pir_in_executor_trace_run"
+
+
+@contextlib.contextmanager
+def ops_on_this_thread():
+    """The executor's interpreters built inside run their ops on the calling thread.
+
+    The steps up to the measured one build their interpreters so: the profiler's stop gathers
+    every thread's events without a lock, and an executor worker still closing its first event
+    then (the last op of a step) crashed the process now and then, in
+    ``HostEventRecorder::GatherEvents``. With the ops on the profiling thread nothing else
+    records. The re-planned interpreters are built after, as Paddle builds them."""
+    before = paddle.get_flags([_TRACE_RUN_FLAG])[_TRACE_RUN_FLAG]
+    paddle.set_flags({_TRACE_RUN_FLAG: True})
+    try:
+        yield
+    finally:
+        paddle.set_flags({_TRACE_RUN_FLAG: before})
+
+
+def record_jobs(run: Callable[[], object]) -> Tuple[object, List[Tuple[str, int, float]]]:
+    """(what ``run()`` returned, :func:`executed_jobs` of the jobs it ran) with Paddle's host
+    profiler on around it (nothing is written to disk)."""
+    value, result = _profiled(run, memory=False)
+    return value, executed_jobs(result)
+
+
+def record_jobs_and_memory(run: Callable[[], object]):
+    """(what ``run()`` returned, :func:`executed_jobs`, and per job (type, live bytes at its
+    end, highest live bytes while it ran): :func:`~.memory_budget.job_memory`), with the
+    profiler recording every allocation too."""
+    from pipesplit.passes.measure.memory_budget import job_memory
+
+    value, result = _profiled(run, memory=True)
+    return (value, executed_jobs(result),
+            job_memory(executed_job_spans(result), allocator_events(result)))
+
+
+def _profiled(run: Callable[[], object], memory: bool):
+    import paddle.profiler as profiler
+
+    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU],
+                             on_trace_ready=lambda _: None, profile_memory=memory)
+    prof.start()
+    try:
+        value = run()
+    finally:
+        prof.stop()
+    return value, prof.profiler_result
+
+
+# ---------------------------------------------------------------- a model's jobs, probed
 
 def build_model(model: str, num_stages: int, m: int, *, hidden: int = 32, layers_per_stage: int = 1,
                 micro_batch_size: int = 2, optimizer: str = "sgd", seed: int = 0, **extra):
@@ -277,7 +392,7 @@ def profile_jobs(model, pp: int, vpp: int = 1, m: Optional[int] = None, *, repea
                 memory[kind_name][stage] = delta
         if not measure_time:
             continue
-        for t, per_job in run.job_times(split, _probes(num_stages, split_backward), repeats, inner):
+        for t, per_job in run.probe_times(split, _probes(num_stages, split_backward), repeats, inner):
             if t == "optimizer":
                 times["optimizer"] = per_job
             else:
@@ -353,7 +468,7 @@ class _ProfileRun:
                 del ex
         return [int(round((live[k + 1] - live[k]) / m)) for k in range(len(types))]
 
-    def job_times(self, split, probes, repeats: int, inner: int):
+    def probe_times(self, split, probes, repeats: int, inner: int):
         """(job type, ms per job) of each probe: its prerequisites' plan timed against the
         prerequisites plus ``K * m`` jobs of the probed type (one scope for all)."""
         m, programs = self.m, split.programs
@@ -375,154 +490,3 @@ class _ProfileRun:
             self.say(f"  {t}: {per_job:.4g} ms")
             yield t, per_job
         bases.clear()
-
-
-# --------------------------------------------------------------------------- calibration
-
-def summed_sim_memory(sim) -> float:
-    """Peak over time of the simulator's memory summed over ranks (frees before allocations
-    at equal times): what one address space holding every rank would see if the ranks ran
-    concurrently as simulated."""
-    events = sorted((t, d) for curve in sim.memory_curve
-                    for (t, d) in _deltas(curve))
-    level = peak = 0.0
-    for _, d in events:
-        level += d
-        peak = max(peak, level)
-    return peak
-
-
-def _deltas(curve):
-    prev = 0.0
-    for t, level in curve:
-        yield t, level - prev
-        prev = level
-
-
-def measured_delta(profile: Profile):
-    """Live-memory change (bytes) of a job as measured: forward +a_s; backward -a_s;
-    backward_b its measured delta; backward_w the rest (-a_s - delta_b), so each micro-batch
-    returns to zero."""
-    act = profile.activation_bytes
-    b = profile.memory.get("backward_b", [0] * len(act))
-
-    def delta(kind, stage):
-        if kind == "forward":
-            return act[stage]
-        if kind == "backward":
-            return -act[stage]
-        db = min(max(b[stage], -act[stage]), act[stage])
-        return db if kind == "backward_b" else -act[stage] - db
-    return delta
-
-
-def sim_delta_bytes(profile: Profile):
-    """The simulator's model (+1, -1, h-1, -h with the profile's calibrated h = w_memory)
-    scaled by each stage's activation bytes."""
-    act, costs = profile.activation_bytes, profile.costs
-    return lambda kind, stage: costs.memory_delta(kind) * act[stage]
-
-
-def measure_schedule(model, schedule: str, pp: int, vpp: int, m: int, profile: Profile, *,
-                     repeats: int = 3, place=None, split_backward: bool = False,
-                     memory_limit: Optional[float] = None) -> dict:
-    """Run one whole step of ``schedule`` (every rank in one process) and set its measured peak
-    allocated bytes and step time beside the simulator's figures (costs from ``profile``)."""
-    from pipesplit.passes import apply_pipeline
-
-    place = place if place is not None else paddle.CPUPlace()
-    stats = MemoryStats(place)
-    costs = profile.costs
-    attrs = dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp, costs=costs,
-                 split_backward=split_backward)
-    if memory_limit is not None:
-        attrs["memory_limit"] = memory_limit
-    pipeline = apply_pipeline(model.main, model.startup, schedule, attrs)
-    sim = pipeline.simulate(costs)
-    feed = model.make_batch(0)
-    with serial_executor():
-        ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
-        ex.run()  # warm-up: executor built, caches filled
-        peak = min(run_behind_gc(lambda: ex.run_measured(stats))[1] for _ in range(PEAK_RUNS))
-        del ex
-    ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place), feed, place)
-    ex.run()
-    step = statistics.median(ex.run() for _ in range(repeats)) * 1e3
-    order = pipeline.job_order
-    serial_units, _ = serial_memory(order, lambda k, s: costs.memory_delta(k))
-    unit = statistics.mean(profile.activation_bytes) or 1
-    return {
-        "schedule": pipeline.schedule.name,
-        "peak_bytes": int(peak),
-        "sim_peak_units": sim.max_peak_memory,
-        "sim_sum_peak_units": summed_sim_memory(sim),
-        "serial_peak_units": serial_units,
-        "serial_peak_bytes_sim": int(serial_memory(order, sim_delta_bytes(profile))[0]),
-        "serial_peak_bytes_measured": int(serial_memory(order, measured_delta(profile))[0]),
-        "rank_peak_bytes_sim": [int(x) for x in rank_peaks(sim, sim_delta_bytes(profile))],
-        "rank_peak_bytes_measured": [int(x) for x in rank_peaks(sim, measured_delta(profile))],
-        "unit_bytes": int(unit),
-        "step_ms": step,
-        "sim_makespan": sim.makespan,
-        "sim_busy_ms": sum(sim.busy),
-        "optimizer_ms": float(profile.times.get("optimizer", 0.0)),
-        "pp": pp, "vpp": vpp, "m": m, "gc_priority": gc_priority(),
-    }
-
-
-def calibrate(model, pp: int, vpp: int, m: int, profile: Profile,
-              schedules: Optional[Sequence[str]] = None, *, repeats: int = 3, place=None,
-              log=None) -> Tuple[List[dict], List[Tuple[str, str]]]:
-    """:func:`measure_schedule` for each of ``schedules`` (default: every registered one;
-    ``pipesplit.tools.cli.load_schedules`` registers those of every job_list module);
-    returns (records, [(name, reason)] for schedules that cannot serve pp / vpp / m)."""
-    from pipesplit.job_list import schedule_names
-
-    records, refused = [], []
-    for name in schedules or schedule_names():
-        try:
-            records.append(measure_schedule(model, name, pp, vpp, m, profile, repeats=repeats,
-                                            place=place))
-        except (ValueError, TypeError) as exc:
-            refused.append((name, " ".join(str(exc).split())[:160]))
-            continue
-        if log:
-            r = records[-1]
-            log(f"  {r['schedule']}: peak {format_bytes(r['peak_bytes'])}, step {r['step_ms']:.1f} ms")
-    return records, refused
-
-
-def calibration_table(records: Sequence[dict], reference: str = "1F1B") -> str:
-    """Measured vs simulated memory and time; ratios are to ``reference``'s figures.
-
-    one process: ``peak`` (measured: allocator peak during one step above the resting level),
-    ``serial`` (the executed global job order walked with the simulator's +1/-1/-1/2/-1/2 model,
-    in bytes of each stage's measured activations) and ``serial*`` (same order, the measured
-    per-job deltas).  per rank (a real multi-rank run, derived): max over ranks of each rank's
-    own job order with the simulator's model (``rank sim``, = sim units x activation bytes) and
-    with the measured deltas (``rank*``).  time: measured step vs the simulator's total busy
-    work (sum over ranks of job times + optimizer: one process runs every rank serially)."""
-    ref = next((r for r in records if r["schedule"] == reference), records[0] if records else None)
-    rows = [["schedule", "peak", "serial", "serial*", "peak/ref", "serial/ref", "serial*/ref",
-             "rank sim", "rank*", "rank sim/ref", "rank*/ref", "sim units",
-             "step ms", "busy ms", "step/busy", "makespan"]]
-
-    def rmax(r, key):
-        return max(r[key])
-
-    for r in records:
-        rows.append([
-            r["schedule"], format_bytes(r["peak_bytes"]), format_bytes(r["serial_peak_bytes_sim"]),
-            format_bytes(r["serial_peak_bytes_measured"]),
-            f"{r['peak_bytes'] / ref['peak_bytes']:.2f}",
-            f"{r['serial_peak_bytes_sim'] / ref['serial_peak_bytes_sim']:.2f}",
-            f"{r['serial_peak_bytes_measured'] / ref['serial_peak_bytes_measured']:.2f}",
-            format_bytes(rmax(r, "rank_peak_bytes_sim")),
-            format_bytes(rmax(r, "rank_peak_bytes_measured")),
-            f"{rmax(r, 'rank_peak_bytes_sim') / rmax(ref, 'rank_peak_bytes_sim'):.2f}",
-            f"{rmax(r, 'rank_peak_bytes_measured') / rmax(ref, 'rank_peak_bytes_measured'):.2f}",
-            f"{r['sim_peak_units']:g}/{r['sim_sum_peak_units']:g}/{r['serial_peak_units']:g}",
-            f"{r['step_ms']:.1f}", f"{r['sim_busy_ms'] + r['optimizer_ms']:.1f}",
-            f"{r['step_ms'] / max(1e-9, r['sim_busy_ms'] + r['optimizer_ms']):.2f}",
-            f"{r['sim_makespan']:.1f}"])
-    return _table(rows)

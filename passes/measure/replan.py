@@ -9,9 +9,9 @@ once with them (:func:`pipesplit.passes.engine.replanning.replan`).
 
 The pieces, each on its own:
 
-* :func:`profile_jobs` - run a step under Paddle's profiler; the standalone executor records
-  every job it runs as a ``<job type>-<micro-batch>`` event, whose wall time is the job's
-  (:func:`executed_jobs`);
+* the step's jobs, recorded by the one profiler of jobs
+  (:func:`pipesplit.passes.measure.profile.record_jobs`: the standalone executor records every
+  job it runs as a ``<job type>-<micro-batch>`` event, whose wall time is the job's);
 * :func:`rank_measurement` - this process's median job time per kind and global stage, and
   its fastest transfer;
 * the exchange of the measurements and the rendezvous of all processes around the measured
@@ -23,128 +23,24 @@ The pieces, each on its own:
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list.costs import Costs
-from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, FORWARD,
-                                   OPTIMIZER, parse_job_type)
-
+from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, COMPUTE_KINDS,
+                                   FORWARD, OPTIMIZER, parse_job_type)
 from pipesplit.job_list.request import PipelineConfig
+from pipesplit.passes.measure.profile import job_times
 
 #: the training step (0-based) whose jobs are measured: step 0 builds the interpreters
 MEASURED_STEP = 1
-#: job kinds whose times are per global stage in :class:`Costs`
-STAGE_KINDS = (FORWARD, BACKWARD, BACKWARD_B, BACKWARD_W)
-_EXECUTOR_EVENT = "StandaloneExecutor::run"
-
-
-def executed_job_spans(result) -> List[Tuple[str, int, int, int]]:
-    """(job type, micro-batch, start ns, end ns) of every job the standalone executor ran, in
-    run order, from a ``paddle.profiler`` result (its ``StandaloneExecutor::run`` events'
-    children)."""
-    runs = []
-    stack = list(result.get_data().values())
-    while stack:
-        node = stack.pop()
-        if node.name == _EXECUTOR_EVENT:
-            runs.append(node)
-        else:
-            stack.extend(node.children_node)
-    out = []
-    for run in sorted(runs, key=lambda n: n.start_ns):
-        for job in sorted(run.children_node, key=lambda n: n.start_ns):
-            kind, _, micro_batch = job.name.rpartition("-")
-            if kind and micro_batch.isdigit():
-                out.append((kind, int(micro_batch), job.start_ns, job.end_ns))
-    return out
-
-
-def executed_jobs(result) -> List[Tuple[str, int, float]]:
-    """(job type, micro-batch, milliseconds) of :func:`executed_job_spans`."""
-    return [(t, mb, (end - start) / 1e6) for t, mb, start, end in executed_job_spans(result)]
-
-
-def allocator_events(result) -> List[Tuple[int, int]]:
-    """(ns, allocated bytes after it) of every allocation and free a ``paddle.profiler``
-    result with ``profile_memory`` recorded, on any thread."""
-    out = []
-    stack = list(result.get_data().values())
-    while stack:
-        node = stack.pop()
-        out.extend((m.timestamp_ns, m.current_allocated) for m in node.mem_node)
-        stack.extend(node.children_node)
-    return out
-
-
-def job_times(jobs: Sequence[Tuple[str, int, float]]) -> Dict[str, List[float]]:
-    """The milliseconds of :func:`executed_jobs` by job type, in run order."""
-    out: Dict[str, List[float]] = {}
-    for t, _, ms in jobs:
-        out.setdefault(t, []).append(ms)
-    return out
-
-
-#: Paddle's flag that makes the interpreters built while it is on run their ops on the calling
-#: thread (its "trace mode"); it is read when an interpreter is built, not when it runs
-_TRACE_RUN_FLAG = "FLAGS_enable_pir_in_executor_trace_run"
-
-
-@contextlib.contextmanager
-def ops_on_this_thread():
-    """The executor's interpreters built inside run their ops on the calling thread.
-
-    The steps up to the measured one build their interpreters so: the profiler's stop gathers
-    every thread's events without a lock, and an executor worker still closing its first event
-    then (the last op of a step) crashed the process now and then, in
-    ``HostEventRecorder::GatherEvents``. With the ops on the profiling thread nothing else
-    records. The re-planned interpreters are built after, as Paddle builds them."""
-    import paddle
-
-    before = paddle.get_flags([_TRACE_RUN_FLAG])[_TRACE_RUN_FLAG]
-    paddle.set_flags({_TRACE_RUN_FLAG: True})
-    try:
-        yield
-    finally:
-        paddle.set_flags({_TRACE_RUN_FLAG: before})
-
-
-def profile_jobs(run: Callable[[], object]) -> Tuple[object, List[Tuple[str, int, float]]]:
-    """(what ``run()`` returned, :func:`executed_jobs` of the jobs it ran) with Paddle's host
-    profiler on around it (nothing is written to disk)."""
-    value, result = _profiled(run, memory=False)
-    return value, executed_jobs(result)
-
-
-def profile_jobs_and_memory(run: Callable[[], object]):
-    """(what ``run()`` returned, :func:`executed_jobs`, and per job (type, live bytes at its
-    end, highest live bytes while it ran): :func:`~.memory_budget.job_memory`), with the
-    profiler recording every allocation too."""
-    from pipesplit.passes.measure.memory_budget import job_memory
-
-    value, result = _profiled(run, memory=True)
-    return (value, executed_jobs(result),
-            job_memory(executed_job_spans(result), allocator_events(result)))
-
-
-def _profiled(run: Callable[[], object], memory: bool):
-    import paddle.profiler as profiler
-
-    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU],
-                             on_trace_ready=lambda _: None, profile_memory=memory)
-    prof.start()
-    try:
-        value = run()
-    finally:
-        prof.stop()
-    return value, prof.profiler_result
 
 
 def rank_measurement(jobs: Sequence[Tuple[str, int, float]], config: PipelineConfig) -> dict:
-    """This process's measurement of the :func:`executed_jobs` ``jobs``: ``{"stages": {kind: {global stage: median ms}},
-    "comm": fastest transfer in ms or None, "optimizer": ms or None}``.  Its chunks are
-    pipeline rank ``config.pp_stage``'s, placed as the schedule places them."""
+    """This process's measurement of the recorded ``jobs``
+    (:func:`~pipesplit.passes.measure.profile.executed_jobs`): ``{"stages": {kind: {global
+    stage: median ms}}, "comm": fastest transfer in ms or None, "optimizer": ms or None}``.
+    Its chunks are pipeline rank ``config.pp_stage``'s, placed as the schedule places them."""
     if config.pp_stage is None:
         raise ValueError("rank_measurement needs config.pp_stage (this process's pipeline rank)")
     placement = config.placement
@@ -160,7 +56,7 @@ def rank_measurement(jobs: Sequence[Tuple[str, int, float]], config: PipelineCon
             optimizer = statistics.median(values)
         elif kind in COMM_KINDS:
             comm.extend(values)
-        elif kind in STAGE_KINDS:
+        elif kind in COMPUTE_KINDS:  # one time per global stage
             stage = placement.stage(config.pp_stage, chunk)
             stages.setdefault(kind, {})[str(stage)] = statistics.median(values)
     return {"stages": stages, "comm": min(comm) if comm else None, "optimizer": optimizer}

@@ -4,9 +4,9 @@ A transport is chosen once per engine (and once per plan a per-rank builder make
 device the process runs on (:func:`pipesplit.passes.transport.devices.transport_for`, the
 registry), and refined per plan by the plan's shape (:meth:`Transport.for_plan`: world size,
 pipeline ranks, whether the optimizer exchanges values between them).  The plan builders
-(:mod:`pipesplit.passes.per_rank`, :mod:`pipesplit.passes.engine_rank`) and the engine's hooks
-(:class:`~pipesplit.passes.engine.state.EngineState`'s ``transport``) ask it, and nothing
-outside this package names a backend:
+(:mod:`pipesplit.passes.split.per_rank`, :mod:`pipesplit.passes.engine.engine_rank`) and the
+engine's hooks (:class:`~pipesplit.passes.engine.state.EngineState`'s ``transport``) ask it, and
+nothing outside this package names a backend:
 
 * the comm programs and their ordering: :meth:`~Transport.comm_program`,
   :meth:`~Transport.p2p_rings`, :attr:`~Transport.counts_progress`,

@@ -106,8 +106,8 @@ def hybrid_world_ring(programs: dict, found, opened, config: PipelineConfig,
                       pipe: Pipe) -> List[Tuple[str, int]]:
     """Rewrite ``programs`` (in place) for the CPU world ring, add the comm and bystander
     programs; returns the job order (the plan opening's global order ``opened.order``) without
-    the optimizer.  ``found``: this rank's :class:`~pipesplit.passes.engine_rank.EngineTransfer`
-    list."""
+    the optimizer.  ``found``: this rank's
+    :class:`~pipesplit.passes.engine.engine_rank.EngineTransfer` list."""
     world = paddle.distributed.get_world_size()
     rank = config.pp_stage
     process = pipe.process_of(rank)

@@ -26,7 +26,7 @@ def world_transfers(found: list, schedule: Schedule, rank: int) -> List[Transfer
     """Every cross-rank transfer of the step, on every rank: the CPU world-ring transport
     (more than two ranks) needs each rank to take part in the others' exchanges, but the engine
     gives each rank only its own program (``found``: its
-    :class:`~pipesplit.passes.engine_rank.EngineTransfer` list).  The senders publish shapes
+    :class:`~pipesplit.passes.engine.engine_rank.EngineTransfer` list).  The senders publish shapes
     and dtypes through the launcher's TCP store; this rank's own transfers keep their names."""
     store = launch_store()
     key = round_key("engine", paddle.distributed.get_rank(), store)

@@ -1,4 +1,4 @@
-"""One plan opening (``passes.core.open_schedule``, its schedule side ``job_list.opening``): a plan's schedule is built once (the
+"""One plan opening (``passes.split.core.open_schedule``, its schedule side ``job_list.opening``): a plan's schedule is built once (the
 ``auto`` search too), lowered once and simulated once, whoever opens it: the demo, the pass,
 and the engine hook, whose strategy check builds the schedule the pass then takes."""
 import collections
@@ -48,7 +48,7 @@ def test_the_demo_builds_lowers_and_simulates_once(calls, capsys):
 @pytest.mark.parametrize("mode,vpp", [("auto", 1), ("ZBV", 2)])
 def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
     from pipesplit.passes.engine.state import HANDLE, EngineState, UserOptions
-    from pipesplit.passes.engine.strategy_config import checked_request
+    from pipesplit.passes.engine.strategy_checks import checked_request
 
     strategy = _pipeline_strategy(mode, vpp=vpp)
     request, checked = checked_request(strategy)  # what the Engine.__init__ hook does
@@ -65,7 +65,7 @@ def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
 
 def test_a_schedule_built_for_another_config_is_refused():
     from pipesplit.passes import PipelineConfig
-    from pipesplit.passes.core import open_schedule
+    from pipesplit.passes.split.core import open_schedule
 
     config = PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=4, pp_degree=2))
     other = PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=6, pp_degree=2)).build()

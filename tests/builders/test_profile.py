@@ -1,4 +1,5 @@
-"""Profiler (pipesplit.passes.measure.profile, ``pipesplit profile``), memory calibration, demo --profile."""
+"""Profiler (pipesplit.passes.measure.profile, ``pipesplit profile``), memory calibration
+(pipesplit.passes.measure.calibration), demo --profile."""
 import json
 
 import pytest
@@ -7,8 +8,9 @@ import paddle  # noqa: F401
 
 from pipesplit.job_list import build_schedule  # noqa: E402
 from pipesplit.job_list.simulate import Costs, simulate  # noqa: E402
-from pipesplit.passes.measure.profile import (Profile, build_model, calibrate,  # noqa: E402
-                                      measure_schedule, parse_memory, profile_jobs)
+from pipesplit.passes.measure.calibration import calibrate, measure_schedule  # noqa: E402
+from pipesplit.passes.measure.profile import (Profile, build_model, parse_memory,  # noqa: E402
+                                              profile_jobs)
 from pipesplit.tools.cli import load_schedules, main  # noqa: E402
 
 load_schedules()

@@ -9,7 +9,8 @@ import paddle
 import pytest
 from paddle.distributed.auto_parallel.static.engine import Engine
 
-from pipesplit.passes import cpu_support, registration
+from pipesplit.passes import cpu_support
+from pipesplit.passes.split import registration
 from pipesplit.passes.engine import paddle_patches
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes.engine.door import _resolve

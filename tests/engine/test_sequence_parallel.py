@@ -1,10 +1,10 @@
 """Sequence parallel refused only where pipesplit cannot serve it
-(:func:`pipesplit.passes.checks.check_sequence_parallel`): on real PIR dist programs written as
-a sequence-parallel row-parallel layer writes them (the matmul's output partial over ``mp``,
-then ``dist.reshard`` to a shard of the sequence), on stage meshes ``(dp, mp)`` of several
-shapes.  A partial over an axis of one process is no reduce-scatter (Paddle's own 1F1B trains
-it on CPU: its Llama test at dp1 x mp1 x pp2 with ``use_sp``); over two it is, and a CPU build
-has no kernel for it."""
+(:func:`pipesplit.passes.engine.sequence_parallel.check_sequence_parallel`): on real PIR dist
+programs written as a sequence-parallel row-parallel layer writes them (the matmul's output
+partial over ``mp``, then ``dist.reshard`` to a shard of the sequence), on stage meshes
+``(dp, mp)`` of several shapes.  A partial over an axis of one process is no reduce-scatter
+(Paddle's own 1F1B trains it on CPU: its Llama test at dp1 x mp1 x pp2 with ``use_sp``); over
+two it is, and a CPU build has no kernel for it."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +12,7 @@ import paddle
 import paddle.distributed as dist
 import pytest
 
-from pipesplit.passes.checks import check_sequence_parallel
+from pipesplit.passes.engine.sequence_parallel import check_sequence_parallel
 
 REDUCE_SCATTER = ("sequence parallel (a dist.reshard of a partial value to a shard over mesh "
                   "dim 'mp': a reduce-scatter, on mesh {ids}) cannot be served here: a CPU "

@@ -1,6 +1,7 @@
 """A parameter read on another stage's rank leaves the micro-batches
-(``passes/shared_parameters.py``): checked on PIR programs written as Paddle's engine writes a
-tied weight's p2p ops (the launches of tests/multiprocess/test_hybrid.py train with them)."""
+(``passes/engine/shared_parameters.py``): checked on PIR programs written as Paddle's engine
+writes a tied weight's p2p ops (the launches of tests/multiprocess/test_hybrid.py train with
+them)."""
 import pytest
 
 import paddle
@@ -8,8 +9,9 @@ import paddle
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE
 from pipesplit.job_list.pipe import Pipe
 from pipesplit.job_list.placement import LOOPED, Placement
-from pipesplit.passes.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS, SharedParameter,
-                                                serve_shared_parameters, step_transfers)
+from pipesplit.passes.engine.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,
+                                                       SharedParameter, serve_shared_parameters,
+                                                       step_transfers)
 
 RING = (12, (0, 1))  # the engine's ring of the two processes: peer i is process i
 WEIGHT = SharedParameter("w", (6, 4), "paddle.float32", owner=0, reader=1, grad_shape=(6, 4))

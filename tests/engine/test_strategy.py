@@ -10,7 +10,7 @@ from paddle.distributed.auto_parallel.static import engine, pir_pass
 
 from pipesplit.ir_utils import PlanRunner, build_gpt, init_scope, read_params, run_unsplit_baseline
 from pipesplit.passes import strategy as ps_strategy
-from pipesplit.passes import registration
+from pipesplit.passes.split import registration
 from pipesplit.passes.engine import paddle_patches
 from pipesplit.passes.engine.state import HANDLE
 
@@ -195,7 +195,7 @@ def _attached(pipeline):
     """``pipeline`` with an engine's state attached, its request resolved once, as
     ``Engine.__init__``'s hook attaches it."""
     from pipesplit.passes.engine.state import EngineState, UserOptions
-    from pipesplit.passes.engine.strategy_config import checked_request
+    from pipesplit.passes.engine.strategy_checks import checked_request
 
     request, checked = checked_request(pipeline)
     state = EngineState(request, checked, UserOptions(), None, {}, frozenset())

@@ -251,7 +251,8 @@ def test_uneven_stages_are_simulated_with_their_sizes():
     unit costs scaled by 2 / 1.75 and 1 / 1.75; costs the user gives win; even stages keep
     the unit costs."""
     from pipesplit.job_list.costs import Costs
-    from pipesplit.passes.engine.strategy_config import block_sizes, config_from_strategy
+    from pipesplit.passes.engine.strategy_checks import block_sizes
+    from pipesplit.passes.engine.strategy_config import config_from_strategy
     from pipesplit.passes.engine.user_options import use_costs
 
     section = pipeline(**ZBV)

@@ -90,7 +90,7 @@ def emulate(argv, pp=2):
 def rank_plans(schedule, pp, vpp, m, split_backward=False, device="cpu", model="gpt"):
     from pipesplit.ir_utils import build_gpt, build_mlp
     from pipesplit.job_list.request import PipelineConfig
-    from pipesplit.passes.per_rank import build_rank_plan
+    from pipesplit.passes.split.per_rank import build_rank_plan
 
     build = build_gpt if model == "gpt" else build_mlp
     built = build(num_stages=pp * vpp, hidden=16, batch_size=2 * m)

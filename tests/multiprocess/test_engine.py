@@ -19,7 +19,7 @@ from pipesplit.ir_utils import build_gpt
 from pipesplit.passes import cpu_support
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes.engine import block_meshes
-from pipesplit.passes.engine_rank import is_engine_program
+from pipesplit.passes.engine.engine_rank import is_engine_program
 
 from _launch import launch
 

@@ -1,6 +1,6 @@
 """Per-rank programs (``pp_stage=r``) with global-norm clipping, tied weights, weight decay and
 LR schedulers: the squared norm and a tied weight's gradient are all-reduced over the pipeline
-ranks in the optimizer programs (``passes.per_rank.filter_optimizer``).
+ranks in the optimizer programs (``passes.split.per_rank.filter_optimizer``).
 
 Fast tests check the per-rank programs in one process (gloo and the NCCL variant, built on
 CPU).  The ``slow`` ones run two gloo processes: one launch trains a covering design of
@@ -25,7 +25,7 @@ TOL = 1e-6
 
 def _rank_plans(case, schedule, vpp, device="cpu"):
     from pipesplit.job_list.request import PipelineConfig
-    from pipesplit.passes.per_rank import build_rank_plan
+    from pipesplit.passes.split.per_rank import build_rank_plan
 
     prog = U.build(case, 2 * vpp)
     plans = [build_rank_plan(prog.main, prog.startup, PipelineConfig.from_attrs(

@@ -95,7 +95,7 @@ def test_world_ring_orders_match_gpu_and_each_other(schedule, pp, vpp, m):
 
 def test_world_ring_clipping_and_tied_weights_reduce_on_every_rank():
     from pipesplit.job_list.request import PipelineConfig
-    from pipesplit.passes.per_rank import build_rank_plan
+    from pipesplit.passes.split.per_rank import build_rank_plan
     from pipesplit.tools.demo import build_model, make_parser
 
     args = make_parser().parse_args(_cfg("VPP", 2, 4, "--clip-global-norm", "0.05",

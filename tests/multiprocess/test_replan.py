@@ -20,8 +20,8 @@ from pipesplit.job_list import Costs, build_schedule
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes.engine.state import HANDLE
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.measure.replan import (MEASURED_STEP, costs_from, job_times, profile_jobs,
-                                     rank_measurement)
+from pipesplit.passes.measure.profile import job_times, record_jobs
+from pipesplit.passes.measure.replan import MEASURED_STEP, costs_from, rank_measurement
 
 
 from _paths import WORKERS  # noqa: E402
@@ -118,7 +118,7 @@ def test_the_profiler_names_every_job_a_plan_ran():
         ex = TimedExecutor(pipeline.plan, init_scope(model, pipeline.split, place),
                            model.make_batch(0), place)
         ex.run()
-        _, jobs = profile_jobs(ex.run)
+        _, jobs = record_jobs(ex.run)
     assert [(t, mb) for t, mb, _ in jobs] == list(pipeline.job_order)
     assert all(ms > 0 for _, _, ms in jobs)
 
@@ -144,7 +144,7 @@ def test_the_measured_steps_interpreters_run_every_op_on_the_profiling_thread():
     from pipesplit.ir_utils.measure import TimedExecutor
     from pipesplit.passes import apply_pipeline
     from pipesplit.passes.measure.profile import build_model
-    from pipesplit.passes.measure.replan import ops_on_this_thread
+    from pipesplit.passes.measure.profile import ops_on_this_thread
 
     flag = "FLAGS_enable_pir_in_executor_trace_run"
     with _static_mode():

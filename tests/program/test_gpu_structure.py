@@ -21,7 +21,7 @@ PP, VPP, M = 4, 2, 4
 def _plans(schedule, split_backward=False):
     from pipesplit.ir_utils import build_mlp
     from pipesplit.job_list.request import PipelineConfig
-    from pipesplit.passes.per_rank import build_rank_plan
+    from pipesplit.passes.split.per_rank import build_rank_plan
 
     built = build_mlp(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
     out = []

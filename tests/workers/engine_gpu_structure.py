@@ -21,7 +21,7 @@ import paddle.distributed as dist  # noqa: E402
 from paddle.distributed.auto_parallel.static import engine as paddle_engine  # noqa: E402
 
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
-from pipesplit.passes.engine_rank import build_engine_rank_plan  # noqa: E402
+from pipesplit.passes.engine.engine_rank import build_engine_rank_plan  # noqa: E402
 from pipesplit.passes.transport.devices import transport_for  # noqa: E402
 from _structure import describe  # noqa: E402
 

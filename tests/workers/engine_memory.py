@@ -3,7 +3,7 @@ trains the GPT example through ``dist.to_static`` (a size whose activations dwar
 writes ``OUT_DIR/rank<r>.json``; ``tests/multiprocess/test_memory.py`` checks it.
 
 * **schedules** (FThenB, 1F1B, ZBH1, ZBH2, ZBV): step 1 is profiled with its allocations, as
-  the engine's measured step is (:func:`profile_jobs_and_memory`, :func:`rank_memory`); the
+  the engine's measured step is (:func:`record_jobs_and_memory`, :func:`rank_memory`); the
   peak is the smallest allocator peak of the :data:`PEAK_STEPS` steps after it (on CPU the
   executor frees dead tensors on a thread of its own, and each step's peak adds what that
   thread had not freed yet: up to half as much again on this model, in any step; the
@@ -27,8 +27,8 @@ from pipesplit.ir_utils.measure import MemoryStats  # noqa: E402
 from pipesplit.passes import strategy as ps_strategy  # noqa: E402
 from pipesplit.passes.engine.state import engine_state  # noqa: E402
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError, rank_memory  # noqa: E402
-from pipesplit.passes.measure.replan import (ops_on_this_thread,  # noqa: E402
-                                             profile_jobs_and_memory)
+from pipesplit.passes.measure.profile import (ops_on_this_thread,  # noqa: E402
+                                              record_jobs_and_memory)
 
 SIZES = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab", "256",
          "--micro-batch-size", "4", "-m", "4"]
@@ -67,7 +67,7 @@ def measure_schedule(schedule: str, vpp: int) -> dict:
     with ops_on_this_thread():  # (as the engine's measured step: interpreters built so)
         dist_model(*batches[0])
     start = MEMORY.settled_current()
-    _, _, levels = profile_jobs_and_memory(lambda: dist_model(*batches[1]))
+    _, _, levels = record_jobs_and_memory(lambda: dist_model(*batches[1]))
     config = engine_state(dist_model._engine).pipeline_of("train").config
     peaks = [step_peak(dist_model, b) for b in batches[2:]]
     return {"before_build": before_build, "start": start, "peak": min(peaks), "peaks": peaks,

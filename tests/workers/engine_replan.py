@@ -27,7 +27,7 @@ import auto_parallel_pipeline as example  # noqa: E402
 from pipesplit.job_list import Costs  # noqa: E402
 from pipesplit.passes import cpu_support, strategy as ps_strategy  # noqa: E402
 from pipesplit.passes.engine.state import engine_state  # noqa: E402
-from pipesplit.passes.measure.replan import profile_jobs  # noqa: E402
+from pipesplit.passes.measure.profile import record_jobs  # noqa: E402
 
 COST_FILE = Path(__file__).resolve().parents[1] / "data" / "profiled_mlp_pp2_vpp1.json"
 #: costs whose auto schedule differs from the default one (stage 0's I almost free, its W
@@ -60,7 +60,7 @@ def scenario(name, out: Path):
             ps_strategy.replan(dist_model, INJECTED)
         done = ps_strategy.replanned(dist_model)
         if done is not None and executed is None:  # the first step after the re-plan
-            loss, jobs = profile_jobs(lambda: dist_model(x, y))
+            loss, jobs = record_jobs(lambda: dist_model(x, y))
             executed = [[t, mb] for t, mb, _ in jobs]
         else:
             loss = dist_model(x, y)

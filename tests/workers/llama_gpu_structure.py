@@ -22,7 +22,7 @@ from paddle.distributed.auto_parallel.static import engine as paddle_engine  # n
 
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
 from pipesplit.passes.engine.state import state_of  # noqa: E402
-from pipesplit.passes.engine_rank import build_engine_rank_plan  # noqa: E402
+from pipesplit.passes.engine.engine_rank import build_engine_rank_plan  # noqa: E402
 from pipesplit.passes.transport.devices import transport_for  # noqa: E402
 from _structure import describe  # noqa: E402
 

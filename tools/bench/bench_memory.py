@@ -6,10 +6,11 @@
 
 Profiles the model first (:func:`pipesplit.passes.measure.profile.profile_jobs`: per-job times and
 live-memory deltas), then runs one whole step of each schedule, every rank in one process, and
-reads the allocator's peak.  See :func:`pipesplit.passes.measure.profile.calibration_table` for the
-columns.  JSON: one record per schedule with ``schedule``, ``peak_bytes`` (measured),
-``sim_peak_units`` (simulator, max over ranks), ``step_ms`` (measured median),
-``sim_makespan`` (simulator, measured costs, ms) and the derived figures.
+reads the allocator's peak.  See
+:func:`pipesplit.passes.measure.calibration.calibration_table` for the columns.  JSON: one
+record per schedule with ``schedule``, ``peak_bytes`` (measured), ``sim_peak_units``
+(simulator, max over ranks), ``step_ms`` (measured median), ``sim_makespan`` (simulator,
+measured costs, ms) and the derived figures.
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def _bench(args) -> int:
     check_args(args, ("pp", "vpp", "m", "hidden", "layers_per_stage", "micro_batch_size",
                       "repeats", "profile_repeats"))
     prepare_output(args.json, "--json")
-    from pipesplit.passes.measure.profile import (build_model, calibrate, calibration_table,
-                                          format_bytes, profile_jobs)
+    from pipesplit.passes.measure.calibration import calibrate, calibration_table
+    from pipesplit.passes.measure.profile import build_model, format_bytes, profile_jobs
 
     model = build_model(args.model, args.pp * args.vpp, args.m, **model_options(args))
     profiling = Progress("bench_memory: profiling", quiet=args.quiet)

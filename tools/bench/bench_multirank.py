@@ -225,7 +225,7 @@ def grouped_costs(costs, group: int):
 
 def rank_plan(args, name: str, vpp: int, costs, rank: int):
     from pipesplit.job_list.request import PipelineConfig
-    from pipesplit.passes.per_rank import build_rank_plan
+    from pipesplit.passes.split.per_rank import build_rank_plan
 
     model = build(args, PP * vpp, args.m)
     attrs = dict(num_micro_batches=args.m, pp_degree=PP, vpp_degree=vpp, pp_stage=rank,

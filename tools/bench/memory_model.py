@@ -23,14 +23,14 @@ def profiled_step(run, dist_model, start_bytes: int, with_memory: bool):
     Paddle's profiler; ``with_memory`` (pipesplit's engines) records the allocations and takes
     the figures as the engine's measured step does
     (:func:`~pipesplit.passes.measure.memory_budget.rank_memory`)."""
-    from pipesplit.passes.measure.replan import profile_jobs, profile_jobs_and_memory
+    from pipesplit.passes.measure.profile import record_jobs, record_jobs_and_memory
 
     if not with_memory:
-        return profile_jobs(run) + (None,)
+        return record_jobs(run) + (None,)
     from pipesplit.passes.engine.state import engine_state
     from pipesplit.passes.measure.memory_budget import rank_memory
 
-    loss, jobs, levels = profile_jobs_and_memory(run)
+    loss, jobs, levels = record_jobs_and_memory(run)
     config = engine_state(dist_model._engine).pipeline_of("train").config
     return loss, jobs, rank_memory(levels, start_bytes, config.pp_stage, config.placement)
 

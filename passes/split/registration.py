@@ -14,7 +14,7 @@ from pipesplit.job_list import get_spec, schedule_names
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.pipeline import PipelinePlan, split_and_schedule
+from pipesplit.passes.split.pipeline import PipelinePlan, split_and_schedule
 
 require_supported_paddle()
 from paddle.distributed.passes.pass_base import PassBase, PassContext  # noqa: E402

@@ -2,8 +2,10 @@
 
 Three builders sit on it, one per kind of input program (see docs/design.md, "Three programs the
 passes accept"): :mod:`.pipeline` (the whole model, every rank emulated in one process),
-:mod:`.per_rank` (the whole model, one rank's programs) and :mod:`.engine` (one rank's program
-as Paddle's auto-parallel engine partitioned it).  None of them imports another.
+:mod:`.per_rank` (the whole model, one rank's programs) and
+:mod:`pipesplit.passes.engine.engine_rank` (one rank's program as Paddle's auto-parallel engine
+partitioned it).  The engine's builder imports neither of the others; :mod:`.pipeline` hands a
+config with ``pp_stage`` to :mod:`.per_rank`.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class PipelinePlan:
     split: object               # pipesplit.ir_utils.SplitProgram
     plan: object                # paddle core.Plan
     backward_split: Optional[SplitReport] = None
-    rank_info: Optional[object] = None  # per-rank plans: pipesplit.passes.per_rank.RankInfo
+    rank_info: Optional[object] = None  # per-rank plans: pipesplit.passes.split.per_rank.RankInfo
     # the engine path: this rank's comm jobs (pipesplit.passes.transport.progress.CommProgress)
     comm_progress: Optional[object] = None
     # the latency model's times of ``schedule`` under the config's costs (steered the lowering)

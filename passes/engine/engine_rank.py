@@ -34,7 +34,7 @@ from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
 from pipesplit.passes.transport.lockstep import hybrid_world_ring, ring_ranks as _ring_ranks
 from pipesplit.passes.transport import LOCKSTEP, WORLD_RING
 from pipesplit.passes.transport.base import Transport
@@ -45,9 +45,9 @@ paddle = require_supported_paddle()
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
-from pipesplit.passes.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
-                                                SharedOnThisRank, SharedParameter,
-                                                serve_shared_parameters, step_transfers)
+from pipesplit.passes.engine.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
+                                                       SharedOnThisRank, SharedParameter,
+                                                       serve_shared_parameters, step_transfers)
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
 from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency,  # noqa: E402
                                             first_user, producer_of)
@@ -298,7 +298,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
     process's pipeline (which process runs each pipeline rank; default one process per stage,
     pipeline rank = process).  ``built``: the schedule the strategy check built.  ``shared``:
     the parameters read on another stage's rank (sent once per step:
-    :mod:`pipesplit.passes.shared_parameters`)."""
+    :mod:`pipesplit.passes.engine.shared_parameters`)."""
     rank = config.pp_stage
     if rank is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")

@@ -34,7 +34,7 @@ from pipesplit.job_list.lower import peer_of
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
 from pipesplit.passes.transport import WORLD_RING
 
 paddle = require_supported_paddle()
@@ -287,7 +287,7 @@ def _all_reduced_partial_sum(chain, terms, all_reduce_sum):
 
 def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                     device: str = "auto", progress: bool = True, built=None):
-    """The :class:`~pipesplit.passes.core.PipelinePlan` of rank ``config.pp_stage``.
+    """The :class:`~pipesplit.passes.split.core.PipelinePlan` of rank ``config.pp_stage``.
 
     ``device``: "cpu" (gloo broadcasts on the world ring, any pp_degree), "gpu" (NCCL send_v2 / recv_v2) or
     "auto" (from Paddle's current expected place).  ``progress``: comm programs bump the

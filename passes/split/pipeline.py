@@ -14,11 +14,11 @@ from pipesplit.job_list import OPTIMIZER, Job, Schedule
 from pipesplit.job_list.lower import global_order
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.checks import check_pass_inputs
+from pipesplit.passes.split.checks import check_pass_inputs
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.job_list.request import make_schedule
-from pipesplit.passes.core import PipelinePlan, open_schedule, split_sub_programs
-from pipesplit.passes.per_rank import build_rank_plan
+from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.split.per_rank import build_rank_plan
 
 paddle = require_supported_paddle()
 
