@@ -46,6 +46,7 @@ import argparse
 import json
 import math
 import sys
+import time
 
 import numpy as np
 
@@ -373,6 +374,9 @@ def make_strategy(args):
     pipeline.vpp_seg_method = "LlamaDecoderLayer"
     pipeline.accumulate_steps = args.m
     pipeline.micro_batch_size = args.micro_batch_size  # per dp rank
+    if args.keep_gathered_weights and not args.paddle:  # (stage 3: Paddle's program as it is)
+        from pipesplit.passes import strategy as pipesplit_strategy
+        pipesplit_strategy.reshard_after_forward(strategy, False)
     return strategy
 
 
@@ -463,8 +467,12 @@ def parse_args(argv=None):
     p.add_argument("--paddle", action="store_true",
                    help="use Paddle's own pipeline pass (FThenB, 1F1B, VPP) instead of pipesplit")
     p.add_argument("--memory", action="store_true",
-                   help="record each rank's bytes held between steps and its peak in the last "
-                        "step (Paddle's allocator, from before the model is built)")
+                   help="record each rank's bytes held between steps (its scope's tensors), its "
+                        "peak (those and the most a step after the first adds: the smallest "
+                        "such step) and its median step time after the first")
+    p.add_argument("--keep-gathered-weights", action="store_true",
+                   help="sharding stage 3: keep each gathered weight from a micro-batch's "
+                        "forward to its backward (pipesplit's reshard_after_forward off)")
     p.add_argument("--json", help="write losses, reference_losses and the differences here")
     p.add_argument("--tag", default="run", help="names this run's keys in the launcher's store")
     args = p.parse_args(argv)
@@ -522,10 +530,6 @@ def main(argv=None) -> int:
         ["dp", "pp", "mp"])
     dist.auto_parallel.set_mesh(global_mesh)
 
-    memory = MemoryStats(paddle.CUDAPlace(dist.ParallelEnv().device_id)
-                         if paddle.is_compiled_with_cuda() else paddle.CPUPlace()) \
-        if args.memory else None
-    start_bytes = memory.settled_current() if memory else 0
     if args.parallelize:  # the intermediate API places the plain model
         model = build(args)
         model, opt = dist.parallelize(model, make_optimizer(args, model),
@@ -543,17 +547,27 @@ def main(argv=None) -> int:
                                 make_strategy(args))
     dist_model.train()
 
-    losses, held = [], {}
+    memory = MemoryStats(paddle.CUDAPlace(dist.ParallelEnv().device_id)
+                         if paddle.is_compiled_with_cuda() else paddle.CPUPlace()) \
+        if args.memory else None
+    losses, grown, seconds = [], [], []
     for x, y in dist_loader():
-        if memory:  # (the last step's peak counts: the first builds the programs)
+        if memory:  # what each step adds above what it starts with, and its time
+            before_step = memory.settled_current()
             memory.reset_peak()
+            started = time.perf_counter()
         loss = dist_model(x, y)
+        if memory:
+            seconds.append(time.perf_counter() - started)
+            grown.append(memory.peak() - before_step)
         if loss is not None:
             losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
         opt._learning_rate.step()
-    if memory:
-        held = {"held_bytes": memory.settled_current() - start_bytes,
-                "peak_bytes": memory.peak() - start_bytes}
+    held = {}
+    if memory:  # (the first step builds the programs: the steps after it count)
+        held = {"held_bytes": scope_bytes(paddle.static.global_scope())}
+        held["peak_bytes"] = held["held_bytes"] + min(grown[1:] or grown)
+        held["step_ms"] = 1000 * float(np.median(seconds[1:] or seconds))
 
     ref_losses, ref_params = reference(args)
     diffs = [float(np.max(np.abs(local - reference_slice(ref_params[name], value, rank))))
@@ -592,6 +606,7 @@ def main(argv=None) -> int:
                   "micro_batch_transfers": [r.get("micro_batch_transfers") for r in everyone],
                   "held_bytes": [r.get("held_bytes") for r in everyone],
                   "peak_bytes": [r.get("peak_bytes") for r in everyone],
+                  "step_ms": [r.get("step_ms") for r in everyone],
                   "style": args.style}
         print(f"llama {args.schedule}{' (paddle)' if args.paddle else ''} dp={args.dp} "
               f"pp={args.pp} mp={args.mp} vpp={args.vpp} m={args.m} {args.optimizer}: "
@@ -626,6 +641,21 @@ def transfers_of(plan):
                 value = op.result(0) if side == "result" else op.operand_source(0)
                 shapes.add(tuple(value.shape))
     return {"step_jobs": step_jobs, "micro_batch_transfers": sorted(shapes)}
+
+
+def scope_bytes(scope):
+    """The bytes of the tensors a scope holds between steps (parameters, optimizer states,
+    gradient-merge buffers): what a rank keeps, exactly."""
+    total = 0
+    for name in scope.local_var_names():
+        var = scope.find_var(name)
+        try:
+            tensor = var.get_tensor()
+        except Exception:  # (not a dense tensor: readers, step counters' holders ...)
+            continue
+        if tensor._is_initialized():
+            total += tensor._numel() * paddle.base.core.size_of_dtype(tensor._dtype())
+    return total
 
 
 def local_parameters(dist_model):

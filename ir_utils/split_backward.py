@@ -70,6 +70,8 @@ __all__ = [
     "split_backward",
     "classify_backward",
     "is_backward_w",
+    "is_gathered_param",
+    "GATHER_OPS",
     "op_flops",
 ]
 
@@ -179,18 +181,18 @@ def _is_param(value) -> bool:
 #: the ops of a sharded parameter's all-gather (sharding stage 3: the whole weight gathered
 #: from its dp shards before each use; a shard of another axis than 0 is gathered on axis 0,
 #: split and concatenated back, or transposed around the gather)
-_GATHER_OPS = ("pd_op.all_gather", "pd_op.split_with_num", "builtin.split", "builtin.combine",
+GATHER_OPS = ("pd_op.all_gather", "pd_op.split_with_num", "builtin.split", "builtin.combine",
                "pd_op.concat", "pd_op.transpose")
 
 
-def _is_gathered_param(value) -> bool:
+def is_gathered_param(value) -> bool:
     """A parameter itself, or a whole parameter gathered from its shards (ZeRO-3): its
     gradient is a parameter gradient (it leaves through the gather's reduce-scatter)."""
-    for _ in range(2 * len(_GATHER_OPS)):
+    for _ in range(2 * len(GATHER_OPS)):
         if _is_param(value):
             return True
         op = value.get_defining_op() if value.initialized() else None
-        if op is None or op.name() not in _GATHER_OPS or op.num_operands() == 0:
+        if op is None or op.name() not in GATHER_OPS or op.num_operands() == 0:
             return False
         value = op.operand_source(0)
     return False
@@ -487,7 +489,7 @@ def _param_grads(block, bwd_ops) -> int:
         if not op.name().endswith("_grad"):
             continue
         for i, src in enumerate(op.operands_source()):
-            if not _is_gathered_param(src):
+            if not is_gathered_param(src):
                 continue
             if op.name() in _EMBEDDING_GRADS:
                 cand = res[0] if res else None

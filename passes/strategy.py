@@ -40,7 +40,8 @@ from pipesplit.passes.engine.state import engine_state
 from pipesplit.passes.engine.strategy_checks import check_strategy
 from pipesplit.passes.engine.strategy_config import (config_from_strategy, pipe_from_strategy,
                                                      record_pipe, requested_schedule)
-from pipesplit.passes.engine.user_options import measure_costs, use_costs, use_memory_budget
+from pipesplit.passes.engine.user_options import (measure_costs, reshard_after_forward, use_costs,
+                                                  use_memory_budget)
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes.split import registration
 from pipesplit.passes.engine import paddle_patches
@@ -50,7 +51,7 @@ require_supported_paddle()
 __all__ = ["MemoryBudgetError", "Replanned", "check_strategy", "config_from_strategy", "disable_strategy",
            "enable_strategy", "is_strategy_enabled", "last_pipeline", "measure_costs",
            "pipe_from_strategy", "pipeline_pass", "plan_of", "record_pipe", "replan", "replanned",
-           "requested_schedule", "use_costs", "use_memory_budget"]
+           "requested_schedule", "reshard_after_forward", "use_costs", "use_memory_budget"]
 
 _GROUP = "engine"
 _ROUTES = "engine_routes"

@@ -44,6 +44,7 @@ paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
+from pipesplit.ir_utils.regather import regather_for_backward  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
 from pipesplit.passes.engine.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
                                                        SharedOnThisRank, SharedParameter,
@@ -290,7 +291,8 @@ def _pipeline_transport(programs, found, opened, config, pipe, transport: Transp
 
 def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Transport,
                            pipe: Optional[Pipe] = None, built=None,
-                           shared: Sequence[SharedParameter] = ()) -> PipelinePlan:
+                           shared: Sequence[SharedParameter] = (),
+                           regather: bool = True) -> PipelinePlan:
     """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
     modified).  ``transport``: the engine's (its device's,
     :func:`~pipesplit.passes.transport.devices.transport_for`); the plan chooses its way from
@@ -298,7 +300,9 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
     process's pipeline (which process runs each pipeline rank; default one process per stage,
     pipeline rank = process).  ``built``: the schedule the strategy check built.  ``shared``:
     the parameters read on another stage's rank (sent once per step:
-    :mod:`pipesplit.passes.engine.shared_parameters`)."""
+    :mod:`pipesplit.passes.engine.shared_parameters`).  ``regather``: a weight sharding stage 3
+    gathers for the forward is gathered again for the backward
+    (:mod:`pipesplit.ir_utils.regather`), not kept from one job to the other."""
     rank = config.pp_stage
     if rank is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
@@ -314,6 +318,8 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
     def prepare(work):
         nonlocal here
         localize_chunks(work, config.vpp_degree)
+        if regather:
+            regather_for_backward(work)
         here = serve_shared_parameters(work, rank, schedule.placement, pipe, shared, _ring_of)
         found.extend(p2p_to_handoffs(work, rank, schedule, pipe))
 

@@ -26,7 +26,8 @@ def engine_rank_plan(main, config, pipeline_strategy, state: EngineState, built=
 
     plan = build_engine_rank_plan(main, config, state.transport,
                                   pipe_from_strategy(pipeline_strategy), built=built,
-                                  shared=state.shared_parameters)
+                                  shared=state.shared_parameters,
+                                  regather=state.options.reshard_after_forward)
     plan.source_program = main
     create_scope_variables(paddle.static.global_scope(), plan.scope_variables.items(),
                            state.transport.device_place())

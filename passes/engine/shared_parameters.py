@@ -214,9 +214,10 @@ def _serve_reader(block, op, p: SharedParameter, value_type, found: SharedOnThis
 
 #: ops that may stand between the owner's recv of a gradient and its sum: each maps its first
 #: operand linearly (slices, reshapes, casts; the dp all-reduce of a gradient that is partial
-#: over dp) and takes only constants beside it
+#: over dp, or its reduce-scatter under sharding stage 2 / 3) and takes only constants beside it
 _LINEAR = ("pd_op.slice", "pd_op.reshape", "pd_op.cast", "pd_op.transpose", "pd_op.split",
-           "pd_op.assign", "pd_op.scale", "pd_op.all_reduce", "pd_op.c_allreduce_sum")
+           "pd_op.assign", "pd_op.scale", "pd_op.all_reduce", "pd_op.c_allreduce_sum",
+           "pd_op.reduce_scatter")
 
 
 def _path_into_the_sums(received):

@@ -67,6 +67,7 @@ class UserOptions:
     costs: Optional[Costs] = None                          # use_costs
     measure_step: Union[int, None, str] = DEFAULT_MEASURE  # measure_costs
     memory_budget: Optional[int] = None                    # use_memory_budget (bytes)
+    reshard_after_forward: bool = True                     # reshard_after_forward
 
 
 @dataclass

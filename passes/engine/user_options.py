@@ -75,6 +75,20 @@ def use_memory_budget(strategy, budget) -> None:
     set_options(pipeline, memory_budget=None if budget is None else parse_budget(budget))
 
 
+def reshard_after_forward(strategy, enabled: bool = True) -> None:
+    """Under sharding stage 3 (``dist.ShardingStage3``, ``sharding_level`` 3), whether a weight
+    gathered from its shards for a micro-batch's forward is dropped after the forward job and
+    gathered again for its backward (True, the default, as FSDP's ``reshard_after_forward``:
+    one copy of a stage's weights at a time, one more all-gather per weight and micro-batch),
+    or kept from the forward to the backward (False: Paddle's program as it is, a whole copy
+    per micro-batch in flight).  ``docs/engine_usage.md`` tables both, measured.  No effect
+    without stage 3."""
+    pipeline = _pipeline_section(strategy)
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    set_options(pipeline, reshard_after_forward=enabled)
+
+
 def check_memory_budget(pipeline_strategy, request: Optional[Request] = None) -> None:
     """A memory budget is given to a schedule that searches, with its measured step on, on a
     CPU build (the one measured through the engine's profiler).  ``request``: the section's,

@@ -51,7 +51,13 @@ TWO_PROCESSES = {
 FOUR_PROCESSES = [{"tag": "dp2_1F1B", "schedule": "1F1B", **DP2},
                   {"tag": "dp2_VPP", "schedule": "VPP", "vpp": 2, **DP2},
                   {"tag": "dp2_ZBV", "schedule": "ZBV", "vpp": 2, **DP2},
-                  {"tag": "dp2_DualPipeV", "schedule": "DualPipeV", "vpp": 2, **DP2}]
+                  {"tag": "dp2_DualPipeV", "schedule": "DualPipeV", "vpp": 2, **DP2},
+                  # the trainer's own sharding of the optimizer states over dp (its gradient
+                  # reshard is a reduce-scatter: on CPU, pipesplit's)
+                  {"tag": "dp2_stage1_1F1B", "schedule": "1F1B", **DP2, "sharding": "stage1"},
+                  {"tag": "dp2_stage1_ZBH1", "schedule": "ZBH1", **DP2, "sharding": "stage1"},
+                  {"tag": "dp2_stage2_ZBV", "schedule": "ZBV", "vpp": 2, **DP2,
+                   "sharding": "stage2"}]
 #: the one-process dygraph references: the batches of dp1 and of dp2 (evaluating every 2 steps)
 REFERENCES = [{"tag": "reference", "reference": True, "eval": 2},
               {"tag": "reference_dp2", "reference": True, "dp": 2}]
@@ -134,6 +140,15 @@ def test_the_library_s_llama_trains_with_every_schedule_at_pp2(trained, tag):
 @pytest.mark.slow
 @pytest.mark.parametrize("tag", ["dp2_1F1B", "dp2_VPP", "dp2_ZBV", "dp2_DualPipeV"])
 def test_the_library_s_llama_trains_with_dp2_beside_pp2(trained, tag):
+    _check_against(trained, tag, "reference_dp2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tag", ["dp2_stage1_1F1B", "dp2_stage1_ZBH1", "dp2_stage2_ZBV"])
+def test_the_trainer_s_sharding_trains_beside_the_pipeline(trained, tag):
+    """``sharding="stage1"`` / ``"stage2"`` in the trainer's arguments at dp2 x pp2: its
+    gradient reshard (a reduce-scatter, which a CPU build has no kernel for) runs on
+    pipesplit's CPU transport, and every rank's loss and parameters equal the reference's."""
     _check_against(trained, tag, "reference_dp2")
 
 

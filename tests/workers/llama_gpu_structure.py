@@ -3,8 +3,9 @@ configurations in ONE launch, and describe them (nothing runs).
 
 ``llama_gpu_structure.py CONFIGS.json OUT_DIR``: CONFIGS.json lists ``[tag, [example arguments]]``;
 every rank goes through ``dist.to_static`` up to the engine's pipeline pass, builds its plan with
-the NCCL transport (``transport_for("gpu")``) and writes ``OUT_DIR/<tag>.rank<r>.json``: its
-pipeline (processes by pipeline rank), the job order and, per program, every collective / p2p
+the NCCL transport (``transport_for("gpu")``), agrees on the ring ids with the other ranks as
+the engine's ``_init_comm`` would (the groups as made are recorded too) and writes
+``OUT_DIR/<tag>.rank<r>.json``: its pipeline (processes by pipeline rank), the job order and, per program, every collective / p2p
 op (ring, its processes, peer, stream, events) and the event edges of compute ops.
 """
 import json
@@ -24,6 +25,7 @@ from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
 from pipesplit.passes.engine.state import state_of  # noqa: E402
 from pipesplit.passes.engine.engine_rank import build_engine_rank_plan  # noqa: E402
 from pipesplit.passes.transport.devices import transport_for  # noqa: E402
+from pipesplit.passes.transport.rings import agree_on_rings, held_groups  # noqa: E402
 from _structure import describe  # noqa: E402
 
 class Built(Exception):
@@ -39,12 +41,16 @@ def main() -> int:
     def nccl_pass(mains, starts, pipeline_strategy):
         config = pipesplit_strategy.config_from_strategy(pipeline_strategy)
         pipe = pipesplit_strategy.pipe_from_strategy(pipeline_strategy)
-        built = build_engine_rank_plan(mains[0], config, transport_for("gpu"), pipe,
+        transport = transport_for("gpu")
+        built = build_engine_rank_plan(mains[0], config, transport, pipe,
                                        shared=state_of(pipeline_strategy).shared_parameters)
+        # what the engine's _init_comm does before it makes the communicators
+        made = [[ring, list(ranks)] for ring, ranks, _ in held_groups()]
+        agree_on_rings(list(built.split.programs.values()), transport.share)
         record = {"rank": dist.get_rank(), "pp_rank": config.pp_stage,
                   "pipe": list(pipe.processes), "schedule": built.schedule.name,
                   "pp": config.pp_degree, "vpp": config.vpp_degree,
-                  "job_order": built.job_order,
+                  "job_order": built.job_order, "rings_as_made": made,
                   "programs": {t: describe(p) for t, p in built.split.programs.items()}}
         (out_dir / f"{tag[0]}.rank{dist.get_rank()}.json").write_text(json.dumps(record))
         raise Built()

@@ -147,6 +147,8 @@ def training_arguments(cfg: dict, out_dir: Path) -> PreTrainingArguments:
         ignore_data_skip=bool(cfg.get("resume")),
         seed=SEED,
         recompute=cfg.get("recompute", False),
+        # the optimizer states sharded over dp ("stage1" / "stage2"; the reference has no dp)
+        sharding="" if reference else cfg.get("sharding", ""),
         dataloader_drop_last=True,
         report_to=[],
         disable_tqdm=True,
