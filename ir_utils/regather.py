@@ -17,7 +17,7 @@ from typing import List
 import paddle
 
 from .roles import ROLE_BACKWARD, ROLE_FORWARD
-from .split_backward import GATHER_OPS
+from .gathered import GATHER_OPS, is_gathered_param
 
 #: constants a gather step reads beside the value (the axis of a split or a concat)
 _CONSTANTS = ("pd_op.full", "pd_op.full_int_array")
@@ -25,8 +25,6 @@ _CONSTANTS = ("pd_op.full", "pd_op.full_int_array")
 
 def _gather_of_a_parameter(op) -> bool:
     """A forward all-gather whose input is a parameter (or its transpose)."""
-    from .split_backward import is_gathered_param
-
     return op.name() == "pd_op.all_gather" and op.op_role == ROLE_FORWARD \
         and is_gathered_param(op.operand_source(0))
 

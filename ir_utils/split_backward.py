@@ -62,6 +62,7 @@ from typing import Dict, List, Optional
 import paddle
 
 from .complete import SINK_OPS
+from .gathered import is_gathered_param, is_param
 from .roles import BACKWARD_W_ATTR as W_ATTR, ROLE_BACKWARD, ROLE_OPTIMIZE
 
 __all__ = [
@@ -70,8 +71,6 @@ __all__ = [
     "split_backward",
     "classify_backward",
     "is_backward_w",
-    "is_gathered_param",
-    "GATHER_OPS",
     "op_flops",
 ]
 
@@ -164,38 +163,6 @@ def _shape(value) -> Optional[List[int]]:
         return list(value.shape)
     except Exception:  # vector / non-dense types
         return None
-
-
-def _is_param(value) -> bool:
-    if not value.initialized():
-        return False
-    op = value.get_defining_op()
-    if op is not None and op.name() == "builtin.parameter":
-        return True
-    try:
-        return bool(value.persistable) and not value.stop_gradient
-    except Exception:
-        return False
-
-
-#: the ops of a sharded parameter's all-gather (sharding stage 3: the whole weight gathered
-#: from its dp shards before each use; a shard of another axis than 0 is gathered on axis 0,
-#: split and concatenated back, or transposed around the gather)
-GATHER_OPS = ("pd_op.all_gather", "pd_op.split_with_num", "builtin.split", "builtin.combine",
-               "pd_op.concat", "pd_op.transpose")
-
-
-def is_gathered_param(value) -> bool:
-    """A parameter itself, or a whole parameter gathered from its shards (ZeRO-3): its
-    gradient is a parameter gradient (it leaves through the gather's reduce-scatter)."""
-    for _ in range(2 * len(GATHER_OPS)):
-        if _is_param(value):
-            return True
-        op = value.get_defining_op() if value.initialized() else None
-        if op is None or op.name() not in GATHER_OPS or op.num_operands() == 0:
-            return False
-        value = op.operand_source(0)
-    return False
 
 
 def _same_dim(a: int, b: int) -> bool:
@@ -601,7 +568,7 @@ def _mark_and_count(bwd, is_b, batch_size: int, report: SplitReport) -> None:
             if prod.op_role == ROLE_BACKWARD:
                 if is_b.get(prod) and prod.chunk_id == c:
                     b_to_w[c].add(_vkey(src))
-            elif not _is_param(src):
+            elif not is_param(src):
                 fwd_to_w[c].add(_vkey(src))
     chunks = sorted(set(b_ops) | set(w_ops))
     report.b_ops = {c: b_ops[c] for c in chunks}
