@@ -13,8 +13,9 @@ Before the engine makes its communicators (:func:`agree_on_rings`, from its ``_i
 1. every process publishes its groups (ring id, ranks, made yet or not) through the launcher's
    store (:meth:`~pipesplit.passes.transport.base.Transport.share`);
 2. :func:`agreed_ids`, the same pure function on every process, keeps an id every holder of the
-   group already uses and no other group claims, and gives every other group a fresh id above
-   all ids in use (deterministic: the groups in order of their ranks);
+   group already uses and no other group claims, and gives every other group a fresh id from
+   :data:`FRESH_RING_BASE` up, above all ids in use (deterministic: the groups in order of
+   their ranks);
 3. each process renumbers its own groups: the ``ring_id`` attribute of every op of the engine's
    programs and the key of each group in Paddle's table (:func:`renumber`);
 4. the groups are made in ring-id order on every process (:func:`instantiate_in_order`), so no
@@ -33,6 +34,12 @@ Held = Tuple[int, Tuple[int, ...], bool]
 #: a group across processes: its ranks, and which of this process's groups of those ranks it
 #: is (the n-th by ring id; Paddle makes a second group of the same ranks when forced)
 GroupKey = Tuple[Tuple[int, ...], int]
+
+
+#: where the ids given to renumbered groups start: far above the ids Paddle gives new groups
+#: (the count of groups a process made, plus a small base), so a group Paddle makes later never
+#: takes the id of a renumbered one
+FRESH_RING_BASE = 1 << 16
 
 
 class RingDisagreement(RuntimeError):
@@ -85,7 +92,8 @@ def agreed_ids(tables: Mapping[int, Sequence[Held]], reserved: Iterable[int] = (
         if key not in target and len(ids[key]) == 1 and next(iter(ids[key])) not in taken:
             target[key] = next(iter(ids[key]))
             taken.add(target[key])
-    fresh = max(taken | {ring for rings in ids.values() for ring in rings}) + 1
+    in_use = taken | {ring for rings in ids.values() for ring in rings}
+    fresh = max(in_use | {FRESH_RING_BASE - 1}) + 1
     for key in sorted(ids):
         if key not in target:
             target[key] = fresh

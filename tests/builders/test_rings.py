@@ -3,7 +3,8 @@ what cannot be mended, and the renumbering of a real program's collectives."""
 import paddle
 import pytest
 
-from pipesplit.passes.transport.rings import (RingDisagreement, agreed_ids, rewrite_ring_ids)
+from pipesplit.passes.transport.rings import (FRESH_RING_BASE, RingDisagreement, agreed_ids,
+                                              rewrite_ring_ids)
 
 #: what the four processes of sharding stage 3 at dp2 x pp2 made (issue 43): the two stages
 #: number the same ranks differently, and ring 14 is two different groups
@@ -31,6 +32,8 @@ def test_every_process_gives_a_group_the_same_id():
     assert len(groups) == len({ranks for held in DP2_PP2_STAGE3.values()
                                for _, ranks, _ in held})  # one id per group of ranks
     assert mapping[0][15] == 15  # an id all holders share and nobody else uses stays
+    # a renumbered group's id is far from the ids Paddle gives the groups it makes later
+    assert mapping[0][13] >= FRESH_RING_BASE
     assert mapping == agreed_ids(dict(reversed(list(DP2_PP2_STAGE3.items()))))  # no order
 
 
