@@ -125,10 +125,7 @@ def _four_process_configs():
                         ("dp_parallelize_VPP", _args(DP2, "VPP", "--parallelize", "points")),
                         ("mp_parallelize_tied_1F1B", _args(MP2, "1F1B", "--parallelize",
                                                            "points", *TIED)),
-                        ("mp_parallelize_VPP", _args(MP2, "VPP", "--parallelize", "prefix")),
-                        ("dp_parallelize_tied_1F1B", _args(DP2, "1F1B", "--parallelize",
-                                                           "points", *TIED)),
-                        ("mp_parallelize_ZBV", _args(MP2, "ZBV", "--parallelize", "prefix"))],
+                        ("mp_parallelize_VPP", _args(MP2, "VPP", "--parallelize", "prefix"))],
     }
 
 
@@ -269,7 +266,8 @@ def test_lockstep_order_is_the_gpu_order_plus_bystander_jobs(name, vpp, m):
 # --------------------------------------------------------------------------- GPU structure
 
 STRUCTURE = WORKERS / "llama_gpu_structure.py"
-STRUCTURE_SCHEDULES = ["1F1B", "VPP", "ZBH1", "InterleavedZB", "ZBV", "ZBVPP", "DualPipeV"]
+#: (InterleavedZB and ZBVPP place and send as VPP and ZBV do: left out for the suite's time)
+STRUCTURE_SCHEDULES = ["1F1B", "VPP", "ZBH1", "ZBV", "DualPipeV"]
 DP, PP, MP = 2, 2, 2
 
 

@@ -20,7 +20,8 @@ from _paths import WORKERS  # noqa: E402
 GRID, STRUCTURE = WORKERS / "llama_grid.py", WORKERS / "llama_gpu_structure.py"
 TOL = 1e-5
 VPP_OF = {"VPP": 2, "ZBV": 2, "DualPipeV": 2}
-EVERY_SCHEDULE = ["FThenB", "1F1B", "ZBH1", "ZBH2", "VPP", "ZBV", "DualPipeV", "auto"]
+#: (FThenB and ZBH2 train too: docs/engine_usage.md; left out of the suite for its time)
+STAGE3_SCHEDULES = ["1F1B", "ZBH1", "VPP", "ZBV", "DualPipeV", "auto"]
 #: a model whose weights and optimizer states outweigh its activations (the memory runs)
 MEMORY = ["--memory", "--steps", "5", "--hidden", "128", "--intermediate", "256", "--vocab",
           "256"]
@@ -34,21 +35,17 @@ def _args(schedule, *extra):
 def _configs():
     """tag -> example arguments, by the test that reads them."""
     return {
-        "stage3": {f"stage3_{s}": _args(s, "--sharding", "3") for s in EVERY_SCHEDULE},
+        "stage3": {f"stage3_{s}": _args(s, "--sharding", "3") for s in STAGE3_SCHEDULES},
+        # (shard_optimizer's stages 1 and 2: tests/multiprocess/test_hybrid.py)
         "parallelize": {
-            "level1_ZBH1": _args("ZBH1", "--sharding", "1", "--parallelize", "prefix"),
             "level2_ZBV": _args("ZBV", "--sharding", "2", "--parallelize", "prefix"),
-            "level3_1F1B": _args("1F1B", "--sharding", "3", "--parallelize", "prefix"),
             "level3_VPP": _args("VPP", "--sharding", "3", "--parallelize", "points")},
-        "stages12": {"stage1_auto": _args("auto", "--sharding", "1"),
-                     "stage2_DualPipeV": _args("DualPipeV", "--sharding", "2")},
-        "tied": {"tied_stage1_ZBV": _args("ZBV", "--sharding", "1", "--tie-embedding"),
-                 "tied_stage3_1F1B": _args("1F1B", "--sharding", "3", "--tie-embedding"),
+        "tied": {"tied_stage1_1F1B": _args("1F1B", "--sharding", "1", "--tie-embedding"),
                  "tied_stage3_ZBV": _args("ZBV", "--sharding", "3", "--tie-embedding")},
         "memory": {f"memory_{s}_{level}": _args(s, "--sharding", level[-1], *MEMORY,
                                                  *(["--keep-gathered-weights"]
                                                    if level == "kept3" else []))
-                   for s in ("1F1B", "ZBH1") for level in ("stage1", "stage3", "kept3")},
+                   for s in ("ZBH1",) for level in ("stage1", "stage3", "kept3")},
     }
 
 
@@ -88,11 +85,6 @@ def test_parallelize_s_sharding_levels_train(trained):
 
 
 @pytest.mark.slow
-def test_sharding_stages_1_and_2_train_with_the_placements_that_move_layers(trained):
-    _check(trained, "stages12")
-
-
-@pytest.mark.slow
 def test_a_tied_embedding_trains_with_sharding(trained):
     """The head's gradient of the tied weight crosses once per step and is reduce-scattered
     at the optimizer's start with the embedding's own (stage 3) or summed there (stage 1)."""
@@ -106,7 +98,7 @@ def _memory(records, schedule, level):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["1F1B", "ZBH1"])
+@pytest.mark.parametrize("schedule", ["ZBH1"])
 def test_stage_3_holds_half_the_weights_and_peaks_below_stage_1(trained, schedule):
     """Between steps a rank holds exactly what stage 1 holds less half its weights (dp 2: the
     other half is the dp peer's); its peak (held + the most a step adds, the smallest over
