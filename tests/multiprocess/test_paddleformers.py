@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from _paths import WORKERS  # noqa: E402
@@ -56,7 +57,9 @@ FOUR_PROCESSES = [{"tag": "dp2_1F1B", "schedule": "1F1B", **DP2},
                   # reshard is a reduce-scatter: on CPU, pipesplit's)
                   {"tag": "dp2_stage1_1F1B", "schedule": "1F1B", **DP2, "sharding": "stage1"},
                   {"tag": "dp2_stage2_ZBV", "schedule": "ZBV", "vpp": 2, **DP2,
-                   "sharding": "stage2"}]
+                   "sharding": "stage2"},
+                  # the parameters sharded too (dist.ShardingStage3 in the trainer)
+                  {"tag": "dp2_stage3_1F1B", "schedule": "1F1B", **DP2, "sharding": "stage3"}]
 #: the one-process dygraph references: the batches of dp1 and of dp2 (evaluating every 2 steps)
 REFERENCES = [{"tag": "reference", "reference": True, "eval": 2},
               {"tag": "reference_dp2", "reference": True, "dp": 2}]
@@ -109,6 +112,19 @@ def _max_diff(a, b) -> float:
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
+def _joined_blocks(records) -> dict:
+    """The parameters sharded over ranks, each whole again from the ranks' blocks (every
+    element held by some rank), flattened."""
+    whole = {}
+    for record in records:
+        for name, block in record.get("shards", {}).items():
+            values = whole.setdefault(name, np.full(block["shape"], np.nan))
+            where = tuple(slice(s, s + n) for s, n in zip(block["start"], block["block"]))
+            values[where] = np.asarray(block["values"]).reshape(block["block"])
+    assert not any(np.isnan(v).any() for v in whole.values()), "a block no rank holds"
+    return {name: v.ravel().tolist() for name, v in whole.items()}
+
+
 def _check_against(out, tag, reference_tag, steps=range(STEPS)):
     """Every rank logged a non-zero loss each step, equal to the reference's; the ranks'
     parameters together are every parameter of the reference, each equal to it."""
@@ -122,6 +138,7 @@ def _check_against(out, tag, reference_tag, steps=range(STEPS)):
         assert _max_diff(record["losses"], expected) <= TOL, (tag, rank, record["losses"],
                                                               expected)
         parameters.update(record["parameters"])
+    parameters.update(_joined_blocks(records))
     assert sorted(parameters) == sorted(reference["parameters"]), tag
     for name, values in parameters.items():
         assert _max_diff(values, reference["parameters"][name]) <= TOL, (tag, name)
@@ -143,11 +160,12 @@ def test_the_library_s_llama_trains_with_dp2_beside_pp2(trained, tag):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tag", ["dp2_stage1_1F1B", "dp2_stage2_ZBV"])
+@pytest.mark.parametrize("tag", ["dp2_stage1_1F1B", "dp2_stage2_ZBV", "dp2_stage3_1F1B"])
 def test_the_trainer_s_sharding_trains_beside_the_pipeline(trained, tag):
-    """``sharding="stage1"`` / ``"stage2"`` in the trainer's arguments at dp2 x pp2: its
-    gradient reshard (a reduce-scatter, which a CPU build has no kernel for) runs on
-    pipesplit's CPU transport, and every rank's loss and parameters equal the reference's."""
+    """``sharding="stage1"`` / ``"stage2"`` / ``"stage3"`` in the trainer's arguments at
+    dp2 x pp2: its gradient reshard (a reduce-scatter, which a CPU build has no kernel for)
+    runs on pipesplit's CPU transport, and every rank's loss equals the reference's, as does
+    every parameter (stage 3: joined from the ranks' blocks)."""
     _check_against(trained, tag, "reference_dp2")
 
 

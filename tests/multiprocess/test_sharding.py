@@ -38,6 +38,7 @@ def _configs():
         "stage3": {f"stage3_{s}": _args(s, "--sharding", "3") for s in STAGE3_SCHEDULES},
         # (shard_optimizer's stages 1 and 2: tests/multiprocess/test_hybrid.py)
         "parallelize": {
+            "level1_ZBH1": _args("ZBH1", "--sharding", "1", "--parallelize", "prefix"),
             "level2_ZBV": _args("ZBV", "--sharding", "2", "--parallelize", "prefix"),
             "level3_VPP": _args("VPP", "--sharding", "3", "--parallelize", "points")},
         "tied": {"tied_stage1_1F1B": _args("1F1B", "--sharding", "1", "--tie-embedding"),

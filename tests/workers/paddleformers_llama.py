@@ -170,16 +170,39 @@ def llama_config(args: PreTrainingArguments, cfg: dict) -> LlamaConfig:
     return config
 
 
-def parameters(model) -> dict:
-    out = {}
+def parameters(model) -> tuple:
+    """(name -> the whole parameter, flattened, for those this rank holds whole; name -> its
+    block of a parameter sharded over ranks (``sharding="stage3"``): where it starts in the
+    whole, its shape, its values)."""
+    whole, shards = {}, {}
     state = model.state_dict("param") if isinstance(model, dist.DistModel) else model.state_dict()
     for name, value in state.items():
         if not isinstance(value, paddle.Tensor):
             continue
         local = value._local_value() if value.is_dist() else value
-        if local._is_initialized() and local.numel() > 0:
-            out[name] = local.numpy().astype("float64").ravel().tolist()
-    return out
+        if not local._is_initialized() or local.numel() == 0:
+            continue
+        values = local.numpy().astype("float64")
+        if list(values.shape) == list(value.shape):
+            whole[name] = values.ravel().tolist()
+        else:
+            shards[name] = {"shape": list(value.shape), "start": block_start(value),
+                            "block": list(values.shape), "values": values.ravel().tolist()}
+    return whole, shards
+
+
+def block_start(value) -> list:
+    """Where this rank's block of a dist tensor starts in the whole (a Shard(d) per mesh
+    axis, Paddle's even split)."""
+    mesh = value.process_mesh
+    ids = np.asarray(mesh.process_ids).reshape(mesh.shape)
+    coord = np.argwhere(ids == dist.get_rank())[0]
+    start = [0] * len(value.shape)
+    for axis, placement in enumerate(value.placements):
+        if placement.is_shard():
+            d = placement.get_dim()
+            start[d] += int(coord[axis]) * -(-int(value.shape[d]) // int(mesh.shape[axis]))
+    return start
 
 
 def run(cfg: dict, out_dir: Path) -> None:
@@ -199,8 +222,10 @@ def run(cfg: dict, out_dir: Path) -> None:
     rank = dist.get_rank() if not cfg.get("reference") else 0
     trained = trainer.model_wrapped if args.to_static else model  # (the DistModel's own)
     names = set(model.state_dict())
+    whole, shards = parameters(trained)
     record = {"losses": losses.losses, "eval_losses": losses.eval_losses,
-              "parameters": {k: v for k, v in parameters(trained).items() if k in names}}
+              "parameters": {k: v for k, v in whole.items() if k in names},
+              "shards": {k: v for k, v in shards.items() if k in names}}
     (out_dir / f"{cfg['tag']}.rank{rank}.json").write_text(json.dumps(record))
 
 
