@@ -570,12 +570,12 @@ def main(argv=None) -> int:
         held["step_ms"] = 1000 * float(np.median(seconds[1:] or seconds))
 
     ref_losses, ref_params = reference(args)
-    mine_now = {name: held_here for name, held_here in local_parameters(dist_model).items()
+    compared = {name: param for name, param in local_parameters(dist_model).items()
                 if name in ref_params}  # (the scheduler's learning rate is listed too)
     diffs = [float(np.max(np.abs(local - reference_slice(ref_params[name], value, rank))))
-             for name, (value, local) in mine_now.items()]
+             for name, (value, local) in compared.items()]
     if memory:  # (the bytes of the parameter slices this rank holds)
-        held["parameter_bytes"] = sum(local.nbytes for _, local in mine_now.values())
+        held["parameter_bytes"] = sum(local.nbytes for _, local in compared.values())
     replanned = None if args.paddle else pipesplit_strategy.replanned(dist_model)
     mine = {"rank": rank, "losses": losses or None, "max_param_diff": max(diffs, default=0.0),
             "num_params": len(diffs),  # auto re-plans once with the costs it measured
