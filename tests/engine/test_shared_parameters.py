@@ -1,6 +1,6 @@
 """A parameter read on another stage's rank leaves the micro-batches
 (``passes/engine/shared_parameters.py``): checked on PIR programs written as Paddle's engine
-writes a tied weight's p2p ops (the launches of tests/multiprocess/test_hybrid.py train with
+writes a tied weight's p2p ops (the launches of tests/multiprocess/test_hybrid*.py train with
 them)."""
 import pytest
 

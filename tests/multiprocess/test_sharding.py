@@ -36,7 +36,7 @@ def _configs():
     """tag -> example arguments, by the test that reads them."""
     return {
         "stage3": {f"stage3_{s}": _args(s, "--sharding", "3") for s in STAGE3_SCHEDULES},
-        # (shard_optimizer's stages 1 and 2: tests/multiprocess/test_hybrid.py)
+        # (shard_optimizer's stages 1 and 2: tests/multiprocess/test_hybrid_dp_mp.py)
         "parallelize": {
             "level1_ZBH1": _args("ZBH1", "--sharding", "1", "--parallelize", "prefix"),
             "level2_ZBV": _args("ZBV", "--sharding", "2", "--parallelize", "prefix"),
