@@ -19,16 +19,20 @@ from _paths import REPO as _REPO
 REPO = str(_REPO)
 TOOL = os.path.join(REPO, "tools", "bench", "bench_engine.py")
 WARMUP = 3
-ARGS = ["--quick", "--steps", "2", "--warmup", str(WARMUP), "--schedules", "1F1B,ZBV,auto",
-        "--budget-s", "8"]
+PROFILED = 2
+ARGS = ["--quick", "--steps", "2", "--warmup", str(WARMUP), "--schedules",
+        "FThenB,1F1B,ZBH1,ZBV,auto,auto-budget", "--budget-s", "8", "--profiled-steps",
+        str(PROFILED)]
 FIELDS = ("schedule", "impl", "step_ms", "step_ms_spread", "peak_bytes", "pass_ms",
           "max_loss_diff")
 #: fp32, the same model and batches: the engines' losses agree to rounding
 LOSS_TOL = 1e-5
 TIMEOUT_S = 300
 VERDICTS = ("met", "missed", "unresolved")
-#: the goals of --quick's one m (4) with both impls and auto; "fastest" is m = 4's
-GOAL_NAMES = {"1f1b", "fastest", "best", "auto", "pass"}
+#: the goals of --quick's one m (4) with both impls, ZBH1 (the split goal per stage), auto and
+#: auto under a budget; "fastest" and "budget" are m = 4's, "vpp" m = 8's
+GOAL_NAMES = {"1f1b", "fthenb", "fastest", "best", "auto", "budget", "split_stage0",
+              "split_stage1", "pass"}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,9 @@ def test_rows_carry_the_fields(run):
     report, _ = run
     rows = report["rows"]
     assert [(r["schedule"], r["impl"]) for r in rows] == [
-        ("1F1B", "paddle"), ("1F1B", "pipesplit"), ("ZBV", "pipesplit"), ("auto", "pipesplit")]
+        ("FThenB", "paddle"), ("FThenB", "pipesplit"), ("1F1B", "paddle"),
+        ("1F1B", "pipesplit"), ("ZBH1", "pipesplit"), ("ZBV", "pipesplit"),
+        ("auto", "pipesplit"), ("auto-budget", "pipesplit")]
     for r in rows:
         assert all(key in r for key in FIELDS), sorted(set(FIELDS) - set(r))
         assert r["step_ms"] > 0 and r["step_ms_spread"] >= 0 and r["pass_ms"] > 0
@@ -64,7 +70,7 @@ def test_losses_agree_with_paddle_1f1b(run):
     for r in report["rows"]:
         assert r["loss_reference"] == "paddle 1F1B"
         assert r["max_loss_diff"] is not None and r["max_loss_diff"] <= LOSS_TOL, r
-        assert len(r["losses"]) == WARMUP + report["timed_steps"] + 1  # + the profiled step
+        assert len(r["losses"]) == WARMUP + report["timed_steps"] + PROFILED  # + the profiled
 
 
 @pytest.mark.slow
@@ -85,6 +91,7 @@ def test_each_schedule_shows_its_own_job_times(run):
     report, stdout = run
     for r in report["rows"]:
         assert len(r["job_ms"]) == 2 and r["profiled_step_ms"] > 0
+        assert len(r["job_ms_steps"]) == PROFILED and all(len(s) == 2 for s in r["job_ms_steps"])
         kinds = set().union(*(s["total"] for s in r["job_ms"]))
         assert "forward" in kinds and ("optimizer" in kinds or "optimize" in kinds), kinds
         if r["impl"] == "pipesplit":
@@ -108,10 +115,30 @@ def test_goals_carry_verdicts_and_intervals(run):
             assert g["name"] in ("best", "pass"), g
             continue
         low, high = g["ratio_ci"]
-        assert low <= g["ratio"] <= high and g["steps"] == report["timed_steps"], g
+        samples = PROFILED if g["name"].startswith("split") else report["timed_steps"]
+        assert low <= g["ratio"] <= high and g["steps"] == samples, g
         schedule, impl = g["numerator"].split()
         assert rows[(schedule, impl)]["ratio_ci"][g["name"]] == g["ratio_ci"]
     named = {g["name"]: g for g in goals}
     assert named["1f1b"]["numerator"] == "1F1B pipesplit" and named["1f1b"]["bound"] == 1.03
-    assert named["auto"]["numerator"] == "auto pipesplit" and named["auto"]["bound"] == 1.05
-    assert named["fastest"]["bound"] == 0.88
+    assert named["auto"]["numerator"] == "auto pipesplit" and named["auto"]["bound"] == 1.03
+    assert named["fastest"]["bound"] == 0.88 and named["fthenb"]["bound"] == 1.02
+    assert named["budget"]["numerator"] == "auto-budget pipesplit"
+    assert named["budget"]["denominator"] == "1F1B paddle" and named["budget"]["bound"] == 0.95
+    for stage in (0, 1):
+        split = named[f"split_stage{stage}"]
+        assert (split["numerator"], split["denominator"], split["bound"]) == (
+            "ZBH1 pipesplit", "1F1B pipesplit", 1.05)
+
+
+@pytest.mark.slow
+def test_auto_under_paddle_1f1b_s_peak_plans_within_it(run):
+    """The budgeted auto re-planned under one budget on both ranks (Paddle 1F1B's peak on top
+    of what the process holds), its plan's priced peak within it on every pipeline rank."""
+    report, _ = run
+    rows = {(r["schedule"], r["impl"]): r for r in report["rows"]}
+    memory = rows[("auto-budget", "pipesplit")]["replanned"]["memory"]
+    assert rows[("auto", "pipesplit")]["replanned"]["memory"] is None
+    assert memory["budget_bytes"] > max(rows[("1F1B", "paddle")]["peak_bytes"])
+    assert len(memory["predicted_peak_bytes"]) == 2
+    assert all(0 < b <= memory["budget_bytes"] for b in memory["predicted_peak_bytes"])

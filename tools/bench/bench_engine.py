@@ -2,7 +2,8 @@
 Paddle's own pipeline passes against pipesplit's, one model, two CPU processes.
 
     python tools/bench/bench_engine.py [--model {gpt,llama}] [--steps 10] [--warmup 3] [-m 4,8]
-        [--schedules FThenB,1F1B,...] [--budget-s 600] [--quick] [--json PATH]
+        [--schedules FThenB,1F1B,...] [--budget-s 600] [--profiled-steps 6] [--quick]
+        [--json PATH]
 
 The parent launches ``python -m paddle.distributed.launch --nproc_per_node 2`` on this file
 (``--worker``), one compute thread per rank (as ``tools/bench/bench_multirank.py``).  Each process
@@ -36,6 +37,13 @@ Measured per (schedule, impl):
 * **auto**: as a user gets it, no cost file: it measures its jobs in step 1 and re-plans
   (``pipesplit.passes.measure.replan``); step 2 builds the new plan's executor, so the default warm-up
   is 3 steps.  Its row carries the costs it measured;
+* **auto-budget**: ``auto`` under a memory budget (``use_memory_budget``) of Paddle 1F1B's
+  peak, measured first by a probe engine of Paddle's 1F1B (two steps) and added to the bytes
+  the process holds for its other engines (:func:`memory_budget`);
+* **job times**: after the timed steps, ``--profiled-steps`` more steps of every engine under
+  Paddle's profiler (paired as the timed ones): each job's ms per rank (``job_ms_steps``), the
+  split goal's samples (I + W of ZBH1 against B of 1F1B, per stage); the first also records
+  the allocations (the memory model's figures);
 * **max loss diff**: largest |loss - reference| over every step and micro-batch; reference:
   Paddle's 1F1B through the same engine (clipping off: Paddle clips the SUM of the micro-batch
   gradients), else the example's one-process dygraph reference.
@@ -51,7 +59,6 @@ each.  On a miss, the simulator's figures beside the measured.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -64,30 +71,19 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 
-from pipesplit.tools.bench.bench_engine_report import (REFERENCE, add_goals,  # noqa: E402
-                                                 add_loss_diffs, format_report, goals,
-                                                 job_summary)
-from pipesplit.tools.bench.memory_model import measured_model, profiled_step  # noqa: E402
+from pipesplit.tools.bench.bench_engine_report import (BUDGET_SCHEDULE, REFERENCE,  # noqa: E402
+                                                 add_goals, add_loss_diffs, format_report,
+                                                 goals, job_summary)
+from pipesplit.tools.bench.bench_engine_runs import (KITS, PP, EngineRun,  # noqa: E402
+                                               memory_budget)
+from pipesplit.tools.bench.memory_model import measured_model  # noqa: E402
 from pipesplit.tools.bench.verdicts import iqr  # noqa: E402
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
-                        "examples")
-PP = 2
 #: (schedule, vpp) in the table's order
 SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("VPP", 2), ("ZBV", 2),
-             ("DualPipeV", 2), ("auto", 1))
+             ("DualPipeV", 2), ("auto", 1), (BUDGET_SCHEDULE, 1))
 #: schedules Paddle's own pass serves on the CPU transport (the controls)
 PADDLE_SCHEDULES = ("FThenB", "1F1B")
-#: the examples' size options: compute-bound (a job of tens of ms, far above the executor's
-#: per-op cost) and --quick (the examples' test sizes)
-_COMPUTE_BOUND = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab",
-                  "256", "--micro-batch-size", "4"]
-SIZES = {("gpt", False): _COMPUTE_BOUND,
-         ("gpt", True): ["--layers", "4", "--hidden", "16", "--heads", "2", "--seq", "8",
-                         "--vocab", "32", "--micro-batch-size", "2"],
-         ("llama", False): _COMPUTE_BOUND + ["--clip", "0", "--pp", str(PP)],
-         ("llama", True): ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq", "8", "--vocab",
-                           "64", "--micro-batch-size", "2", "--clip", "0", "--pp", str(PP)]}
 #: -m's default: m = 4 (where 1F1B's bubble leaves room for the fastest-schedule goal) beside 8;
 #: --quick one small m
 DEFAULT_M = {False: "4,8", True: "4"}
@@ -97,6 +93,9 @@ LAUNCH_TIMEOUT_S = 1800
 DEFAULT_BUDGET_S = 600.0
 #: the shortest round of further steps (one step moves a median too little to re-check)
 ROUND_MIN_STEPS = 2
+#: --profiled-steps' default: steps per engine under Paddle's profiler after the timed ones
+#: (the split goal's paired samples; 6 is the fewest a verdict is given on)
+DEFAULT_PROFILED_STEPS = 6
 
 
 def make_parser():
@@ -114,6 +113,13 @@ def make_parser():
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                    help="after --steps, step on in rounds while a goal is unresolved, until the "
                         "timing loop has run this many seconds (0: never)")
+    p.add_argument("--profiled-steps", type=int, default=DEFAULT_PROFILED_STEPS,
+                   help="steps per engine under Paddle's profiler after the timed ones (each "
+                        "schedule's job times; the split goal's samples)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="the model's layers (default: the size's, 4); pp 2 takes half each")
+    p.add_argument("--hidden", type=int, default=None,
+                   help="the model's hidden size (default: the size's, 256)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (tests)")
     p.add_argument("--json", metavar="PATH", help="write one row per (schedule, impl) here")
     p.add_argument("--log-dir", default=None, help="the launcher's logs (default: temporary)")
@@ -128,6 +134,12 @@ def check_args(args) -> None:
                          f"got {args.steps}")
     if args.warmup < 1:
         raise ValueError(f"--warmup must be >= 1, got {args.warmup}")
+    if args.layers is not None and (args.layers < PP or args.layers % PP):
+        raise ValueError(f"--layers must be a multiple of {PP} (pp), got {args.layers}")
+    if args.hidden is not None and args.hidden < 8:
+        raise ValueError(f"--hidden must be >= 8, got {args.hidden}")
+    if args.profiled_steps < 1:
+        raise ValueError(f"--profiled-steps must be >= 1, got {args.profiled_steps}")
     if not args.budget_s >= 0:
         raise ValueError(f"--budget-s must be >= 0, got {args.budget_s}")
     args.ms = parse_ms(DEFAULT_M[args.quick] if args.m is None else args.m)
@@ -149,269 +161,6 @@ def parse_ms(text: str) -> List[int]:
     if not ms or ms[0] < 1:
         raise ValueError(f"-m needs values >= 1, got {text!r}")
     return ms
-
-
-# =========================================================================== the models
-
-def _example(name: str):
-    """An example module, imported by path (examples/ is no package)."""
-    if EXAMPLES not in sys.path:
-        sys.path.insert(0, EXAMPLES)
-    return __import__(name)
-
-
-class Kit:
-    """An example's model, optimizer, data and strategy, from the example's own functions."""
-
-    module = ""
-
-    def __init__(self, args, m: int):
-        self.ex = _example(self.module)
-        self.base = SIZES[(args.model, args.quick)]
-        # the steps asked + the profiled one; a longer run cycles through these batches
-        self.sizes = self.base + ["-m", str(m), "--steps", str(args.warmup + args.steps + 1)]
-        self.args = self.parse([])
-
-    def parse(self, extra: Sequence[str]):
-        return self.ex.parse_args(self.sizes + list(extra))
-
-    def describe(self) -> str:
-        return f"examples/{self.module}.py {' '.join(self.base)} ({self.args.optimizer})"
-
-
-class GptKit(Kit):
-    """Blocks on the stage meshes in model order (the engine or pipesplit re-places them for
-    vpp 2), a plain DataLoader, the example's SGD."""
-
-    module = "auto_parallel_pipeline"
-
-    def build(self, name: str, vpp: int):
-        import paddle
-        import paddle.distributed as dist
-
-        a = self.parse(["--schedule", name, "--vpp", str(vpp)])
-        world = dist.get_world_size()
-        meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
-        model = self.ex.build(a, [meshes[i * world // a.layers] for i in range(a.layers)])
-        opt = self.ex.make_optimizer(a, model.parameters())
-        loader = paddle.io.DataLoader(self.ex.TokenData(a.steps * a.batch, a.seq, a.vocab, a.seed),
-                                      batch_size=a.batch, shuffle=False)
-        return dist.to_static(model, loader, self.ex.lm_loss, opt, self.ex.make_strategy(a)), \
-            opt, loader
-
-    def reference_losses(self) -> List[List[float]]:
-        return self.ex.reference(self.args)[0]["losses"]
-
-
-class LlamaKit(Kit):
-    """dp 1, pp 2, mp 1: the example's global mesh, sharded loader, AdamW and LinearWarmup;
-    global-norm clipping off (see the module doc)."""
-
-    module = "llama_auto_parallel"
-
-    def __init__(self, args, m: int):
-        import numpy as np
-        import paddle.distributed as dist
-
-        dist.auto_parallel.set_mesh(dist.ProcessMesh(
-            np.arange(PP).reshape(1, PP, 1).tolist(), ["dp", "pp", "mp"]))
-        super().__init__(args, m)
-
-    def parse(self, extra: Sequence[str]):
-        import paddle.distributed as dist
-
-        a = super().parse(extra)
-        self.ex.check_degrees(a, dist.get_world_size())
-        return a
-
-    def build(self, name: str, vpp: int):
-        import paddle.distributed as dist
-
-        a = self.parse(["--schedule", name, "--vpp", str(vpp)])
-        model = self.ex.build(a, a.pp)
-        opt = self.ex.make_optimizer(a, model)
-        loader = self.ex.make_loader(a, self.ex.TokenData(a.steps * a.batch, a.seq, a.vocab,
-                                                          a.seed))
-        return dist.to_static(model, loader, self.ex.LlamaCriterion(distributed=True), opt,
-                              self.ex.make_strategy(a)), opt, loader
-
-    def reference_losses(self) -> List[List[float]]:
-        return self.ex.reference(self.args)[0]
-
-
-KITS = {"gpt": GptKit, "llama": LlamaKit}
-
-
-# =========================================================================== measuring
-
-class PassTimer:
-    """Wall time spent in the pipeline pass (and pipesplit's strategy check), summed over the
-    calls made while installed.  Installed around whatever the names hold at the time (Paddle's
-    or pipesplit's functions), after the strategy is switched for the engine and removed
-    before it is switched again (the patch door must never record the timer as Paddle's)."""
-
-    TARGETS = (("paddle.distributed.auto_parallel.static.engine", "pipeline_pass"),
-               ("paddle.distributed.auto_parallel.static.pir_pass", "pipeline_pass"),
-               ("pipesplit.passes.engine.hooks", "open_engine_state"))
-
-    def __init__(self):
-        self.seconds = 0.0
-        self._depth = 0  # a timed function calling another counts once
-        self._saved = []
-
-    def _wrap(self, function):
-        def timed(*args, **kwargs):
-            self._depth += 1
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    self.seconds += time.perf_counter() - start
-        return timed
-
-    @contextlib.contextmanager
-    def installed(self):
-        import importlib
-
-        for module_name, attr in self.TARGETS:
-            module = importlib.import_module(module_name)
-            original = getattr(module, attr)
-            wrapper = self._wrap(original)
-            setattr(module, attr, wrapper)
-            self._saved.append((module, attr, original, wrapper))
-        try:
-            yield self
-        finally:
-            for module, attr, original, wrapper in reversed(self._saved):
-                if getattr(module, attr) is not wrapper:
-                    raise RuntimeError(f"{module.__name__}.{attr} was replaced while timed")
-                setattr(module, attr, original)
-            self._saved.clear()
-
-
-def use_impl(impl: str) -> None:
-    """Paddle's own engine passes (``disable_strategy``, as the examples' ``--paddle``) or
-    pipesplit's; both idempotent, outside any timed window."""
-    from pipesplit.passes import strategy
-
-    (strategy.disable_strategy if impl == "paddle" else strategy.enable_strategy)()
-
-
-class EngineRun:
-    """One (schedule, impl)'s DistModel with its own names and scope, stepped on demand."""
-
-    def __init__(self, kit, name: str, impl: str, vpp: int, batches, memory, barrier):
-        import paddle
-
-        self.name, self.impl, self.vpp, self.m = name, impl, vpp, kit.args.m
-        self.memory, self.barrier = memory, barrier
-        self.scope = paddle.static.Scope()
-        self.spans, self.losses, self.transient = [], [], []
-        self.jobs, self.profiled_span = [], (0.0, 0.0)
-        self.memory_figures = None  # pipesplit's engines: rank_memory of the profiled step
-        use_impl(impl)
-        before = memory.settled_current()
-        timer = PassTimer()
-        started = time.perf_counter()
-        with self._guards(fresh=True), timer.installed():
-            self.dist_model, self.opt, loader = kit.build(name, vpp)
-            self.dist_model.train()
-            self.prepare_ms = (time.perf_counter() - started) * 1e3
-            self.batches = batches if batches is not None else [tuple(b) for b in loader]
-            self.step(0, timed=False)  # the first run may prepare the rest of the plan
-        self.pass_ms = timer.seconds * 1e3
-        self.resident = memory.settled_current() - before
-        self.first_schedule = self._built_schedule()
-
-    @property
-    def replanned(self):
-        """pipesplit's re-plan of this engine (auto measures step 1), or None."""
-        from pipesplit.passes.strategy import replanned
-
-        return replanned(self.dist_model) if self.impl == "pipesplit" else None
-
-    @property
-    def schedule(self):
-        """The schedule the engine runs now (auto's after its re-plan)."""
-        done = self.replanned
-        return self.first_schedule if done is None else done.after.schedule
-
-    @contextlib.contextmanager
-    def _guards(self, fresh: bool = False):
-        """This engine's scope and name generator (fresh names at the build, as in a new
-        process; the same generator again for each step)."""
-        import paddle
-        from paddle.base import unique_name
-
-        with paddle.static.scope_guard(self.scope):
-            with paddle.utils.unique_name.guard(None if fresh else self.names):
-                if fresh:
-                    self.names = unique_name.generator
-                try:
-                    yield
-                finally:
-                    paddle.disable_static()  # a failed build may leave the static mode on
-
-    def _built_schedule(self):
-        """The schedule the engine runs: pipesplit's own plan, or (Paddle's pass) pipesplit's
-        schedule of the same name, for the simulator's figures."""
-        if self.impl == "pipesplit":
-            from pipesplit.passes.strategy import last_pipeline
-
-            return last_pipeline().schedule
-        from pipesplit.job_list.request import PipelineConfig
-        from pipesplit.job_list.request import make_schedule
-
-        return make_schedule(PipelineConfig.from_attrs(self.name, dict(
-            num_micro_batches=self.m, pp_degree=PP, vpp_degree=self.vpp)))
-
-    def step(self, index: int, timed: bool, profiled: bool = False) -> None:
-        """Step ``index`` of this engine; both ranks meet in the barrier first.  ``profiled``:
-        under Paddle's profiler (untimed), its jobs kept as ``self.jobs``."""
-        import numpy as np
-        import paddle
-
-        x, y = self.batches[index % len(self.batches)]
-        use_impl(self.impl)
-        with self._guards():
-            if timed or profiled:
-                self.memory.settled_current()  # the previous run's frees done
-                self.memory.reset_peak()
-                start_bytes = self.memory.current()
-            self.barrier()
-            t0 = time.monotonic()
-            if profiled:
-                loss, self.jobs, self.memory_figures = profiled_step(
-                    lambda: self.dist_model(x, y), self.dist_model, start_bytes,
-                    with_memory=self.impl == "pipesplit")
-            else:
-                loss = self.dist_model(x, y)
-            t1 = time.monotonic()
-            if profiled:
-                self.profiled_span = (t0, t1)
-            if timed:
-                self.spans.append((t0, t1))
-                self.transient.append(self.memory.peak() - start_bytes)
-        if loss is not None:
-            self.losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
-        if isinstance(self.opt._learning_rate, paddle.optimizer.lr.LRScheduler):
-            self.opt._learning_rate.step()
-
-    def timing(self) -> dict:
-        """What the goals read: the timed steps' spans, peak bytes and pass time."""
-        return {"spans": self.spans, "peak_bytes": int(self.resident + min(self.transient)),
-                "pass_ms": self.pass_ms}
-
-    def result(self) -> dict:
-        done = self.replanned
-        return {**self.timing(), "losses": self.losses or None, "jobs": self.jobs,
-                "profiled_ms": (self.profiled_span[1] - self.profiled_span[0]) * 1e3,
-                "replanned": None if done is None else {"step": done.step,
-                                                        "costs": done.costs.to_dict()},
-                "prepare_ms": self.prepare_ms, "memory": self.memory_figures,
-                "resident_bytes": int(self.resident), "transient_bytes": int(min(self.transient))}
 
 
 def simulated(schedule, vpp: int) -> dict:
@@ -437,12 +186,17 @@ def build_engines(args, kits, ranks) -> List[EngineRun]:
               for impl, (m, name, vpp) in primers.items()]  # kept: no engine torn down midway
     for run in primed:
         batches.setdefault(run.m, run.batches)
-    for m, name, impl, vpp in args.entries:
-        runs.append(EngineRun(kits[m], name, impl, vpp, batches.get(m), memory, ranks.barrier))
+    budgeted = [entry for entry in args.entries if entry[1] == BUDGET_SCHEDULE]
+    for m, name, impl, vpp in [e for e in args.entries if e not in budgeted] + budgeted:
+        budget = memory_budget(kits[m], memory, ranks, primed) if name == BUDGET_SCHEDULE \
+            else None
+        runs.append(EngineRun(kits[m], name, impl, vpp, batches.get(m), memory, ranks.barrier,
+                              budget))
         batches.setdefault(m, runs[-1].batches)
         print(f"rank {ranks.rank}: built {name} ({impl}, m {m}) in {runs[-1].prepare_ms:.0f} "
               f"ms, pass {runs[-1].pass_ms:.1f} ms", file=sys.stderr, flush=True)
-    return runs
+    return sorted(runs, key=lambda run: args.entries.index(
+        (run.m, run.name, run.impl, run.vpp)))  # the table's order
 
 
 def step_all(runs: Sequence[EngineRun], steps: range, warmup: int) -> None:
@@ -456,8 +210,9 @@ def step_all(runs: Sequence[EngineRun], steps: range, warmup: int) -> None:
 
 def time_engines(args, kits, ranks):
     """Build every engine, run the warm-up and the steps asked, then rounds of further steps
-    while a goal is unresolved and the budget lasts (:func:`next_round`), then one profiled
-    step each.  (runs, the rounds' lengths, the timing loop's seconds)"""
+    while a goal is unresolved and the budget lasts (:func:`next_round`), then
+    ``--profiled-steps`` profiled steps each, paired as the timed ones.  (runs, the rounds'
+    lengths, the timing loop's seconds)"""
     runs = build_engines(args, kits, ranks)
     started, end, rounds = time.monotonic(), args.warmup + args.steps, []
     step_all(runs, range(1, end), args.warmup)
@@ -469,8 +224,10 @@ def time_engines(args, kits, ranks):
         end += more
         rounds.append(more)
     seconds = time.monotonic() - started
-    for run in runs:  # each schedule's own job times, for the report's "why"
-        run.step(end, timed=False, profiled=True)
+    for step in range(end, end + args.profiled_steps):  # each schedule's own job times
+        shift = step % len(runs)
+        for run in list(runs[shift:]) + list(runs[:shift]):
+            run.step(step, timed=False, profiled=True)
     return runs, rounds, seconds
 
 
@@ -558,12 +315,17 @@ def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
 def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
     per_rank = {key: [g[key] for g in gathered] for key in gathered[0]
                 if key not in ("losses", "memory")}
-    profiled = max(g["profiled_ms"] for g in gathered)
+    steps = [[job_summary(jobs) for jobs in g["job_steps"]] for g in gathered]
     return {**timing_row(run, gathered),
             **{key: per_rank[key] for key in ("resident_bytes", "transient_bytes")},
             "pass_ms_per_rank": per_rank["pass_ms"],
             "prepare_ms": max(per_rank["prepare_ms"]), "replanned": gathered[0]["replanned"],
-            "profiled_step_ms": profiled, "job_ms": [job_summary(g["jobs"]) for g in gathered],
+            # the table's: the last profiled step (the first records allocations too)
+            "profiled_step_ms": max(g["profiled_ms"][-1] for g in gathered),
+            "job_ms": [rank[-1] for rank in steps],
+            "job_ms_steps": [list(step) for step in zip(*steps)],  # [step][rank]
+            "backward_ops": per_rank["backward_ops"],
+            "program_ops": per_rank["program_ops"],
             "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None),
             "memory_model": measured_model(run.schedule, gathered, PP), **sim}
 

@@ -1,0 +1,354 @@
+"""The engines ``tools/bench/bench_engine.py`` times: the examples' models (kits), the pass
+timer, one (schedule, impl)'s ``DistModel`` stepped on demand, and ``auto``'s memory budget
+measured on Paddle's 1F1B.  See bench_engine's doc for what each figure means."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import List, Optional, Sequence
+
+from pipesplit.tools.bench.bench_engine_report import BUDGET_SCHEDULE
+from pipesplit.tools.bench.memory_model import profiled_step
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
+                        "examples")
+PP = 2
+
+#: the examples' size options: compute-bound (a job of tens of ms, far above the executor's
+#: per-op cost) and --quick (the examples' test sizes)
+_COMPUTE_BOUND = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab",
+                  "256", "--micro-batch-size", "4"]
+SIZES = {("gpt", False): _COMPUTE_BOUND,
+         ("gpt", True): ["--layers", "4", "--hidden", "16", "--heads", "2", "--seq", "8",
+                         "--vocab", "32", "--micro-batch-size", "2"],
+         ("llama", False): _COMPUTE_BOUND + ["--clip", "0", "--pp", str(PP)],
+         ("llama", True): ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq", "8", "--vocab",
+                           "64", "--micro-batch-size", "2", "--clip", "0", "--pp", str(PP)]}
+
+# =========================================================================== the models
+
+def _example(name: str):
+    """An example module, imported by path (examples/ is no package)."""
+    if EXAMPLES not in sys.path:
+        sys.path.insert(0, EXAMPLES)
+    return __import__(name)
+
+
+class Kit:
+    """An example's model, optimizer, data and strategy, from the example's own functions."""
+
+    module = ""
+
+    def __init__(self, args, m: int):
+        self.ex = _example(self.module)
+        self.base = list(SIZES[(args.model, args.quick)])
+        for option, value in (("--layers", args.layers), ("--hidden", args.hidden)):
+            if value is not None:
+                self.base[self.base.index(option) + 1] = str(value)
+        # the steps asked + the profiled ones; a longer run cycles through these batches
+        self.sizes = self.base + ["-m", str(m), "--steps",
+                                  str(args.warmup + args.steps + args.profiled_steps)]
+        self.args = self.parse([])
+
+    def parse(self, extra: Sequence[str]):
+        return self.ex.parse_args(self.sizes + list(extra))
+
+    def describe(self) -> str:
+        return f"examples/{self.module}.py {' '.join(self.base)} ({self.args.optimizer})"
+
+    def strategy(self, a, budget: Optional[int]):
+        """The example's strategy; with ``budget``, ``auto``'s memory budget in bytes."""
+        strategy = self.ex.make_strategy(a)
+        if budget is not None:
+            from pipesplit.passes import strategy as pipesplit_strategy
+
+            pipesplit_strategy.use_memory_budget(strategy, budget)
+        return strategy
+
+
+class GptKit(Kit):
+    """Blocks on the stage meshes in model order (the engine or pipesplit re-places them for
+    vpp 2), a plain DataLoader, the example's SGD."""
+
+    module = "auto_parallel_pipeline"
+
+    def build(self, name: str, vpp: int, budget: Optional[int] = None):
+        import paddle
+        import paddle.distributed as dist
+
+        a = self.parse(["--schedule", name, "--vpp", str(vpp)])
+        world = dist.get_world_size()
+        meshes = [dist.ProcessMesh([r], dim_names=["pp"]) for r in range(world)]
+        model = self.ex.build(a, [meshes[i * world // a.layers] for i in range(a.layers)])
+        opt = self.ex.make_optimizer(a, model.parameters())
+        loader = paddle.io.DataLoader(self.ex.TokenData(a.steps * a.batch, a.seq, a.vocab, a.seed),
+                                      batch_size=a.batch, shuffle=False)
+        return dist.to_static(model, loader, self.ex.lm_loss, opt, self.strategy(a, budget)), \
+            opt, loader
+
+    def reference_losses(self) -> List[List[float]]:
+        return self.ex.reference(self.args)[0]["losses"]
+
+
+class LlamaKit(Kit):
+    """dp 1, pp 2, mp 1: the example's global mesh, sharded loader, AdamW and LinearWarmup;
+    global-norm clipping off (see the module doc)."""
+
+    module = "llama_auto_parallel"
+
+    def __init__(self, args, m: int):
+        import numpy as np
+        import paddle.distributed as dist
+
+        dist.auto_parallel.set_mesh(dist.ProcessMesh(
+            np.arange(PP).reshape(1, PP, 1).tolist(), ["dp", "pp", "mp"]))
+        super().__init__(args, m)
+
+    def parse(self, extra: Sequence[str]):
+        import paddle.distributed as dist
+
+        a = super().parse(extra)
+        self.ex.check_degrees(a, dist.get_world_size())
+        return a
+
+    def build(self, name: str, vpp: int, budget: Optional[int] = None):
+        import paddle.distributed as dist
+
+        a = self.parse(["--schedule", name, "--vpp", str(vpp)])
+        model = self.ex.build(a, a.pp)
+        opt = self.ex.make_optimizer(a, model)
+        loader = self.ex.make_loader(a, self.ex.TokenData(a.steps * a.batch, a.seq, a.vocab,
+                                                          a.seed))
+        return dist.to_static(model, loader, self.ex.LlamaCriterion(distributed=True), opt,
+                              self.strategy(a, budget)), opt, loader
+
+    def reference_losses(self) -> List[List[float]]:
+        return self.ex.reference(self.args)[0]
+
+
+KITS = {"gpt": GptKit, "llama": LlamaKit}
+
+
+# =========================================================================== measuring
+
+class PassTimer:
+    """Wall time spent in the pipeline pass (and pipesplit's strategy check), summed over the
+    calls made while installed.  Installed around whatever the names hold at the time (Paddle's
+    or pipesplit's functions), after the strategy is switched for the engine and removed
+    before it is switched again (the patch door must never record the timer as Paddle's)."""
+
+    TARGETS = (("paddle.distributed.auto_parallel.static.engine", "pipeline_pass"),
+               ("paddle.distributed.auto_parallel.static.pir_pass", "pipeline_pass"),
+               ("pipesplit.passes.engine.hooks", "open_engine_state"))
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._depth = 0  # a timed function calling another counts once
+        self._saved = []
+
+    def _wrap(self, function):
+        def timed(*args, **kwargs):
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - start
+        return timed
+
+    @contextlib.contextmanager
+    def installed(self):
+        import importlib
+
+        for module_name, attr in self.TARGETS:
+            module = importlib.import_module(module_name)
+            original = getattr(module, attr)
+            wrapper = self._wrap(original)
+            setattr(module, attr, wrapper)
+            self._saved.append((module, attr, original, wrapper))
+        try:
+            yield self
+        finally:
+            for module, attr, original, wrapper in reversed(self._saved):
+                if getattr(module, attr) is not wrapper:
+                    raise RuntimeError(f"{module.__name__}.{attr} was replaced while timed")
+                setattr(module, attr, original)
+            self._saved.clear()
+
+
+def use_impl(impl: str) -> None:
+    """Paddle's own engine passes (``disable_strategy``, as the examples' ``--paddle``) or
+    pipesplit's; both idempotent, outside any timed window."""
+    from pipesplit.passes import strategy
+
+    (strategy.disable_strategy if impl == "paddle" else strategy.enable_strategy)()
+
+
+class EngineRun:
+    """One (schedule, impl)'s DistModel with its own names and scope, stepped on demand."""
+
+    def __init__(self, kit, name: str, impl: str, vpp: int, batches, memory, barrier,
+                 budget: Optional[int] = None):
+        import paddle
+
+        self.name, self.impl, self.vpp, self.m = name, impl, vpp, kit.args.m
+        self.memory, self.barrier, self.budget = memory, barrier, budget
+        self.scope = paddle.static.Scope()
+        self.spans, self.losses, self.transient = [], [], []
+        self.job_steps, self.profiled_spans = [], []  # one entry per profiled step
+        self.memory_figures = None  # pipesplit's engines: rank_memory of the profiled step
+        use_impl(impl)
+        before = memory.settled_current()
+        timer = PassTimer()
+        started = time.perf_counter()
+        with self._guards(fresh=True), timer.installed():
+            self.dist_model, self.opt, loader = kit.build(
+                "auto" if name == BUDGET_SCHEDULE else name, vpp, budget)
+            self.dist_model.train()
+            self.prepare_ms = (time.perf_counter() - started) * 1e3
+            self.batches = batches if batches is not None else [tuple(b) for b in loader]
+            self.step(0, timed=False)  # the first run may prepare the rest of the plan
+        self.pass_ms = timer.seconds * 1e3
+        self.resident = memory.settled_current() - before
+        self.first_schedule = self._built_schedule()
+
+    @property
+    def replanned(self):
+        """pipesplit's re-plan of this engine (auto measures step 1), or None."""
+        from pipesplit.passes.strategy import replanned
+
+        return replanned(self.dist_model) if self.impl == "pipesplit" else None
+
+    @property
+    def schedule(self):
+        """The schedule the engine runs now (auto's after its re-plan)."""
+        done = self.replanned
+        return self.first_schedule if done is None else done.after.schedule
+
+    @contextlib.contextmanager
+    def _guards(self, fresh: bool = False):
+        """This engine's scope and name generator (fresh names at the build, as in a new
+        process; the same generator again for each step)."""
+        import paddle
+        from paddle.base import unique_name
+
+        with paddle.static.scope_guard(self.scope):
+            with paddle.utils.unique_name.guard(None if fresh else self.names):
+                if fresh:
+                    self.names = unique_name.generator
+                try:
+                    yield
+                finally:
+                    paddle.disable_static()  # a failed build may leave the static mode on
+
+    def _built_schedule(self):
+        """The schedule the engine runs: pipesplit's own plan, or (Paddle's pass) pipesplit's
+        schedule of the same name, for the simulator's figures."""
+        if self.impl == "pipesplit":
+            from pipesplit.passes.strategy import last_pipeline
+
+            return last_pipeline().schedule
+        from pipesplit.job_list.request import PipelineConfig
+        from pipesplit.job_list.request import make_schedule
+
+        return make_schedule(PipelineConfig.from_attrs(self.name, dict(
+            num_micro_batches=self.m, pp_degree=PP, vpp_degree=self.vpp)))
+
+    def step(self, index: int, timed: bool, profiled: bool = False) -> None:
+        """Step ``index`` of this engine; both ranks meet in the barrier first.  ``profiled``:
+        under Paddle's profiler (untimed), its jobs appended to ``self.job_steps``."""
+        import numpy as np
+        import paddle
+
+        x, y = self.batches[index % len(self.batches)]
+        use_impl(self.impl)
+        with self._guards():
+            if timed or profiled:
+                self.memory.settled_current()  # the previous run's frees done
+                self.memory.reset_peak()
+                start_bytes = self.memory.current()
+            self.barrier()
+            t0 = time.monotonic()
+            if profiled:  # the allocations too in the first (the memory model's figures)
+                first = not self.job_steps
+                loss, jobs, figures = profiled_step(
+                    lambda: self.dist_model(x, y), self.dist_model, start_bytes,
+                    with_memory=first and self.impl == "pipesplit")
+                self.job_steps.append(jobs)
+                if first:
+                    self.memory_figures = figures
+            else:
+                loss = self.dist_model(x, y)
+            t1 = time.monotonic()
+            if profiled:
+                self.profiled_spans.append((t0, t1))
+            if timed:
+                self.spans.append((t0, t1))
+                self.transient.append(self.memory.peak() - start_bytes)
+        if loss is not None:
+            self.losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
+        if isinstance(self.opt._learning_rate, paddle.optimizer.lr.LRScheduler):
+            self.opt._learning_rate.step()
+
+    def backward_ops(self) -> Optional[dict]:
+        """pipesplit's backward sub-programs on this process: job type -> {op name: count}
+        (the split goal's "why": what I + W run that B does not); None for Paddle's."""
+        if self.impl != "pipesplit":
+            return None
+        from collections import Counter
+
+        from pipesplit.passes.strategy import plan_of
+
+        programs = plan_of(self.dist_model).split.programs
+        return {job_type: dict(Counter(op.name() for op in program.global_block().ops))
+                for job_type, program in programs.items() if job_type.startswith("backward")}
+
+    def program_ops(self) -> Optional[int]:
+        """Ops of the program pipesplit's pass split (the engine's, after its own passes)."""
+        if self.impl != "pipesplit":
+            return None
+        from pipesplit.passes.strategy import plan_of
+
+        return len(plan_of(self.dist_model).source_program.global_block().ops)
+
+    def timing(self) -> dict:
+        """What the goals read: the timed steps' spans, peak bytes and pass time."""
+        return {"spans": self.spans, "peak_bytes": int(self.resident + min(self.transient)),
+                "pass_ms": self.pass_ms}
+
+    def result(self) -> dict:
+        done = self.replanned
+        return {**self.timing(), "losses": self.losses or None, "job_steps": self.job_steps,
+                "profiled_ms": [(end - start) * 1e3 for start, end in self.profiled_spans],
+                "replanned": None if done is None else {"step": done.step,
+                                                        "costs": done.costs.to_dict(),
+                                                        "memory": done.memory},
+                "prepare_ms": self.prepare_ms, "memory": self.memory_figures,
+                "backward_ops": self.backward_ops(), "program_ops": self.program_ops(),
+                "resident_bytes": int(self.resident), "transient_bytes": int(min(self.transient))}
+
+#: the steps Paddle's 1F1B takes to measure its peak for ``auto``'s budget (the smallest
+#: transient of them counts, as for the rows)
+BUDGET_PROBE_STEPS = 2
+
+
+def memory_budget(kit, memory, ranks, kept: list) -> int:
+    """The memory budget of the ``auto-budget`` engine: Paddle 1F1B's measured peak, as the
+    rows measure it (resident + a step's smallest transient), on top of everything this
+    process holds before the budgeted engine is built (a process holds every engine, the probe
+    too, and ``auto``'s re-plan counts every byte it holds).  One budget for every process (the
+    re-plan refuses differing ones): the smallest, so the plan fits under Paddle 1F1B's peak on
+    every rank.  The probe engine is kept in ``kept`` (no engine is torn down midway)."""
+    probe = EngineRun(kit, "1F1B", "paddle", 1, None, memory, ranks.barrier)
+    for step in range(1, 1 + BUDGET_PROBE_STEPS):
+        probe.step(step, timed=True)
+    kept.append(probe)
+    peak, held = probe.timing()["peak_bytes"], memory.settled_current()
+    budget = min(ranks.all_gather(held + peak))
+    print(f"rank {ranks.rank}: auto's budget {budget} bytes (Paddle 1F1B's peak {peak} on top of "
+          f"the {held} held)", file=sys.stderr, flush=True)
+    return budget
