@@ -108,8 +108,11 @@ def make_parser():
                         "auto re-plans after step 1, and step 2 builds its new executor)")
     p.add_argument("-m", default=None,
                    help="micro-batches per step, a comma list (default 4,8; --quick 4)")
-    p.add_argument("--schedules", default=",".join(name for name, _ in SCHEDULES),
-                   help="comma list; FThenB and 1F1B run with both impls")
+    p.add_argument("--schedules", default=",".join(name for name, _ in SCHEDULES
+                                                   if name != BUDGET_SCHEDULE),
+                   help="comma list (default: all but auto-budget, which is best run in a "
+                        "launch of its own: --schedules 1F1B,auto-budget -m 4); FThenB and 1F1B "
+                        "run with both impls")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                    help="after --steps, step on in rounds while a goal is unresolved, until the "
                         "timing loop has run this many seconds (0: never)")

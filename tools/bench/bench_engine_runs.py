@@ -338,16 +338,19 @@ BUDGET_PROBE_STEPS = 2
 
 def memory_budget(kit, memory, ranks, kept: list) -> int:
     """The memory budget of the ``auto-budget`` engine: Paddle 1F1B's measured peak, as the
-    rows measure it (resident + a step's smallest transient), on top of everything this
+    rows measure it (resident + a step's smallest transient) on its worst rank (a budget is
+    what each device holds: the most any process needs under 1F1B), on top of everything this
     process holds before the budgeted engine is built (a process holds every engine, the probe
     too, and ``auto``'s re-plan counts every byte it holds).  One budget for every process (the
-    re-plan refuses differing ones): the smallest, so the plan fits under Paddle 1F1B's peak on
-    every rank.  The probe engine is kept in ``kept`` (no engine is torn down midway)."""
+    re-plan refuses differing ones): the smallest of the ranks' sums.  The probe engine is
+    kept in ``kept`` (no engine is torn down midway).  Run it in a launch of its own (few
+    engines: what the others allocate after their first step is not in ``held``)."""
     probe = EngineRun(kit, "1F1B", "paddle", 1, None, memory, ranks.barrier)
     for step in range(1, 1 + BUDGET_PROBE_STEPS):
         probe.step(step, timed=True)
     kept.append(probe)
-    peak, held = probe.timing()["peak_bytes"], memory.settled_current()
+    peak = max(ranks.all_gather(probe.timing()["peak_bytes"]))
+    held = memory.settled_current()
     budget = min(ranks.all_gather(held + peak))
     print(f"rank {ranks.rank}: auto's budget {budget} bytes (Paddle 1F1B's peak {peak} on top of "
           f"the {held} held)", file=sys.stderr, flush=True)
