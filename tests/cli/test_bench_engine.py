@@ -86,8 +86,9 @@ def test_auto_runs_as_a_user_gets_it_measured_and_replanned(run):
 
 @pytest.mark.slow
 def test_each_schedule_shows_its_own_job_times(run):
-    """One more step per engine under Paddle's profiler: pipesplit's forward / B / W / comm
-    jobs per rank, Paddle's own jobs by their names; the table printed."""
+    """--profiled-steps more steps per engine under Paddle's profiler: pipesplit's forward /
+    B / W / comm jobs per rank, Paddle's own jobs by their names; the table printed (the last
+    profiled step's)."""
     report, stdout = run
     for r in report["rows"]:
         assert len(r["job_ms"]) == 2 and r["profiled_step_ms"] > 0
@@ -96,7 +97,7 @@ def test_each_schedule_shows_its_own_job_times(run):
         assert "forward" in kinds and ("optimizer" in kinds or "optimize" in kinds), kinds
         if r["impl"] == "pipesplit":
             assert {"send_forward", "recv_forward"} <= kinds, kinds
-    assert "each schedule's own jobs in one more step" in stdout
+    assert "each schedule's own jobs in its last profiled step" in stdout
 
 
 @pytest.mark.slow

@@ -18,9 +18,16 @@ what this script does around them, as a user would:
   program) between training steps, from a callback;
 * its resume hands ``dist.load_state_dict`` a nested ``{model, optimizer}`` dict, which Paddle
   refuses: the resumed run loads the saved distributed checkpoint with
-  ``dist.load_state_dict(dist_model.state_dict(), path)`` itself, then trains the remaining steps.
+  ``dist.load_state_dict(dist_model.state_dict(), path)`` itself, then trains the remaining steps;
+* under auto-parallel every process writes the checkpoint's ``trainer_state.json``
+  (``should_save`` is true on each), and the processes of one machine share the file: two
+  truncate-and-write's can interleave (the last stage's state logs the losses, so it is longer)
+  and leave one process's document with the other's tail, which the resumed run cannot parse.
+  Each process writes it whole instead (:func:`save_state_whole`).
 """
+import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +43,7 @@ cpu_support.enable()
 
 from paddleformers.trainer import AutoTrainingArguments, TrainerCallback  # noqa: E402
 from paddleformers.trainer.auto_trainer import AutoTrainer  # noqa: E402
+from paddleformers.trainer.trainer_callback import TrainerState  # noqa: E402
 from paddleformers.transformers import (LlamaConfig, LlamaForCausalLM3DAuto,  # noqa: E402
                                         LlamaPretrainingCriterion3DAuto)
 
@@ -58,6 +66,19 @@ def load_flattened(state_dict: dict, path: str) -> None:
     place."""
     dist.load_state_dict({f"{part}.{name}": value for part, values in state_dict.items()
                           for name, value in values.items()}, path)
+
+
+def save_state_whole(self, json_path: str) -> None:
+    """``TrainerState.save_to_json``, the file replaced whole (a process's own temporary file,
+    then ``os.replace``): a reader sees one process's document, never two interleaved."""
+    text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+    partial = f"{json_path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(partial, json_path)
+
+
+TrainerState.save_to_json = save_state_whole
 
 
 class PretrainingTrainer(AutoTrainer):

@@ -79,6 +79,9 @@ from pipesplit.tools.bench.bench_engine_runs import (KITS, PP, EngineRun,  # noq
 from pipesplit.tools.bench.memory_model import measured_model  # noqa: E402
 from pipesplit.tools.bench.verdicts import iqr  # noqa: E402
 
+#: the clone's examples (this script runs from the clone: the parent launches its own path)
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
+                        "examples")
 #: (schedule, vpp) in the table's order
 SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("VPP", 2), ("ZBV", 2),
              ("DualPipeV", 2), ("auto", 1), (BUDGET_SCHEDULE, 1))
@@ -278,7 +281,7 @@ def worker(args) -> int:
 
     cpu_support.enable()  # both impls: a CPU build's gaps in the engine
 
-    kits = {m: KITS[args.model](args, m) for m in args.ms}
+    kits = {m: KITS[args.model](args, m, EXAMPLES) for m in args.ms}
     runs, rounds, seconds = time_engines(args, kits, ranks)
     gathered = [ranks.all_gather(run.result()) for run in runs]
     sims = [simulated(run.schedule, run.vpp) for run in runs] if ranks.rank == 0 else None

@@ -281,7 +281,7 @@ def format_report(report: dict) -> str:
         for m, group in by_m(rows):
             lines += explain(group, base_row(group), m)
     lines += memory_model_table(report.get("memory_model", []))
-    lines += ["", "each schedule's own jobs in one more step, Paddle's profiler (ms per rank, "
+    lines += ["", "each schedule's own jobs in its last profiled step, Paddle's profiler (ms per rank, "
               "rank0/rank1; comm includes waiting for the peer):"]
     for m, group in by_m(rows):
         lines += [f"m = {m}:"] + job_times_table(group)

@@ -4,7 +4,6 @@ measured on Paddle's 1F1B.  See bench_engine's doc for what each figure means.""
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from typing import List, Optional, Sequence
@@ -12,8 +11,6 @@ from typing import List, Optional, Sequence
 from pipesplit.tools.bench.bench_engine_report import BUDGET_SCHEDULE
 from pipesplit.tools.bench.memory_model import profiled_step
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
-                        "examples")
 PP = 2
 
 #: the examples' size options: compute-bound (a job of tens of ms, far above the executor's
@@ -29,10 +26,10 @@ SIZES = {("gpt", False): _COMPUTE_BOUND,
 
 # =========================================================================== the models
 
-def _example(name: str):
-    """An example module, imported by path (examples/ is no package)."""
-    if EXAMPLES not in sys.path:
-        sys.path.insert(0, EXAMPLES)
+def _example(name: str, examples: str):
+    """An example module, imported by path from the clone's ``examples`` folder (no package)."""
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
     return __import__(name)
 
 
@@ -41,8 +38,8 @@ class Kit:
 
     module = ""
 
-    def __init__(self, args, m: int):
-        self.ex = _example(self.module)
+    def __init__(self, args, m: int, examples: str):
+        self.ex = _example(self.module, examples)
         self.base = list(SIZES[(args.model, args.quick)])
         for option, value in (("--layers", args.layers), ("--hidden", args.hidden)):
             if value is not None:
@@ -98,13 +95,13 @@ class LlamaKit(Kit):
 
     module = "llama_auto_parallel"
 
-    def __init__(self, args, m: int):
+    def __init__(self, args, m: int, examples: str):
         import numpy as np
         import paddle.distributed as dist
 
         dist.auto_parallel.set_mesh(dist.ProcessMesh(
             np.arange(PP).reshape(1, PP, 1).tolist(), ["dp", "pp", "mp"]))
-        super().__init__(args, m)
+        super().__init__(args, m, examples)
 
     def parse(self, extra: Sequence[str]):
         import paddle.distributed as dist
