@@ -39,7 +39,9 @@ The best valid schedule wins (the fixed schedule on ties).  Steps 2-4 are skippe
 schedule already reaches :func:`memory_lower_bound` (then nothing can be faster), and the local
 search stops at that bound.
 
-``memory_limit`` (peak units per rank) defaults to 1F1B's peak at full-stage size:
+``memory_limit`` (peak units per rank: one number for every rank, or one per rank, which is
+what a memory budget in bytes gives: each rank has its own resident bytes and unit, see
+:mod:`pipesplit.passes.measure.memory_budget`) defaults to 1F1B's peak at full-stage size:
 ``min(pp, m) * vpp`` — rank 0 of 1F1B holds ``min(pp, m)`` micro-batches of a whole stage, and a
 whole stage is ``vpp`` virtual stages.  No valid schedule peaks below ``vpp`` (when the last stage
 starts the I of a micro-batch, every rank still holds all ``vpp`` forwards of it), so a limit
@@ -58,12 +60,12 @@ To let the search also choose the placement, call :func:`auto_search` with
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from .bounds import default_memory_limit, memory_lower_bound, minimum_memory
+from .bounds import (MemoryLimit, checked_memory_limit, default_memory_limit, fits,
+                     format_limit, memory_lower_bound, minimum_memory, rank_limits)
 from .costs import Costs
 from .greedy import GreedyPolicy, default_policies, greedy_orders, warmup_vectors
 from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, Job, Schedule
@@ -95,8 +97,8 @@ class AutoResult:
 
     schedule: Schedule
     makespan: float
-    peak: float
-    memory_limit: float
+    peak: float                   # the highest rank's
+    memory_limit: MemoryLimit     # one for every rank, or one per rank
     placement: str
     source: str                   # "fixed:<name>", "greedy[...]" or "greedy[...]+local"
     baseline: Optional[str]       # best fixed schedule that fits the limit
@@ -104,6 +106,7 @@ class AutoResult:
     search_seconds: float
     bound: float = 0.0            # memory_lower_bound of the chosen placement
     tried: Dict[str, float] = field(default_factory=dict, repr=False)
+    peaks: tuple = ()             # per rank
 
 
 
@@ -116,7 +119,7 @@ def split_stages_of(schedule: Schedule) -> frozenset:
 
 
 def fixed_candidates(pp: int, vpp: int, m: int, placement: str, costs: Costs):
-    """(label, schedule, makespan, peak) of every registered non-auto schedule with
+    """(label, schedule, makespan, peak per rank) of every registered non-auto schedule with
     ``placement``: split (label = name) and, for the ones that do not split by definition,
     also unsplit (label ``name/B``: every backward a single B job)."""
     out = []
@@ -131,7 +134,7 @@ def fixed_candidates(pp: int, vpp: int, m: int, placement: str, costs: Costs):
                 result = simulate(schedule, costs)
             except ValueError:
                 break  # the schedule cannot serve this configuration
-            out.append((label, schedule, result.makespan, result.max_peak_memory))
+            out.append((label, schedule, result.makespan, tuple(result.peak_memory)))
     return out
 
 
@@ -164,11 +167,12 @@ def _pattern_label(pattern: frozenset, num_stages: int) -> str:
 
 
 def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None,
-                memory_limit: Optional[float] = None,
+                memory_limit: Optional[MemoryLimit] = None,
                 placements: Sequence[str] = (LOOPED,), local_search: bool = True) -> AutoResult:
-    """Fastest schedule found whose simulated peak per rank is <= ``memory_limit``, over the
-    placements and the split patterns of :func:`split_patterns` (the backward of each stage
-    split into I / W, or one B)."""
+    """Fastest schedule found whose simulated peak on each rank is <= ``memory_limit`` (one
+    number for every rank, or a sequence of one per rank), over the placements and the split
+    patterns of :func:`split_patterns` (the backward of each stage split into I / W, or one
+    B)."""
     check_positive_int("pp", pp)
     check_positive_int("vpp", vpp)
     check_positive_int("m", m)
@@ -178,15 +182,12 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
     least = minimum_memory(pp, vpp, m, costs.w_memory)
     if memory_limit is None:
         memory_limit = default_memory_limit(pp, vpp, m)
-    if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)):
-        raise TypeError(f"memory_limit must be a number, got {memory_limit!r}")
-    if not math.isfinite(memory_limit):
-        raise ValueError(f"memory_limit must be a finite number (peak activation units per "
-                         f"rank), got {memory_limit!r}")
-    if memory_limit < least - EPS:
-        raise ValueError(f"memory_limit must be >= {least:g} (vpp={vpp} units: every valid schedule "
-                         f"holds all vpp forwards of a micro-batch on each rank, plus "
-                         f"max(0, w_memory-1)), got {memory_limit:g}")
+    memory_limit = checked_memory_limit(memory_limit, pp)
+    limits = rank_limits(memory_limit, pp)
+    if min(limits) < least - EPS:
+        raise ValueError(f"memory_limit must be >= {least:g} on every rank (vpp={vpp} units: "
+                         f"every valid schedule holds all vpp forwards of a micro-batch on each "
+                         f"rank, plus max(0, w_memory-1)), got {format_limit(memory_limit)}")
     costs.check_stages(pp * vpp)
     search_costs = costs.as_latency()  # the fast model; rendezvous re-ranks the finalists
     began = time.perf_counter()
@@ -199,14 +200,14 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
         fixed = fixed_candidates(pp, vpp, m, placement, search_costs)
         for label, schedule, span, peak in fixed:
             tried[f"fixed:{label}@{placement}"] = span
-            if peak <= memory_limit + EPS and span < baseline_span - EPS:
+            if fits(peak, limits) and span < baseline_span - EPS:
                 baseline, baseline_span = label, span
         bounds = []
         for pattern in patterns:
             ctx = SearchContext(pp, vpp, m, placement, search_costs, pattern)
-            fits = [(label, schedule, span) for label, schedule, span, peak in fixed
-                    if peak <= memory_limit + EPS and split_stages_of(schedule) == pattern]
-            found = _search_pattern(ctx, memory_limit, fits, tried, local_search)
+            fitting = [(label, schedule, span) for label, schedule, span, peak in fixed
+                    if fits(peak, limits) and split_stages_of(schedule) == pattern]
+            found = _search_pattern(ctx, memory_limit, fitting, tried, local_search)
             if found is None:
                 continue
             span, source, orders, bound = found
@@ -220,9 +221,10 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
         # "all split" is searched); bound: the placement's weakest
         finalists.extend((placement, f"fixed:{label}", schedule.ranks, min(bounds, default=0.0),
                           True) for label, schedule, _, peak in fixed
-                         if peak <= memory_limit + EPS)
+                         if fits(peak, limits))
     if best is None:  # pragma: no cover - reserve policies always succeed for limit >= vpp
-        raise ValueError(f"memory_limit {memory_limit:g} admits no schedule the search found "
+        raise ValueError(f"memory_limit {format_limit(memory_limit)} admits no schedule the "
+                         f"search found "
                          f"for pp={pp}, vpp={vpp}, m={m}")
     if costs.rendezvous:  # the latency winner is a finalist too
         final, bound, baseline, baseline_span = _rerank_rendezvous(
@@ -233,13 +235,13 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
         _, placement, source, ranks, bound = best
         schedule = _auto_schedule(pp, vpp, m, placement, ranks, costs, memory_limit, source)
         final = simulate(schedule, costs)  # the reference simulator has the last word
-    return AutoResult(schedule, final.makespan, final.max_peak_memory, float(memory_limit),
+    return AutoResult(schedule, final.makespan, final.max_peak_memory, memory_limit,
                       placement, source, baseline, baseline_span, time.perf_counter() - began,
-                      bound, tried)
+                      bound, tried, tuple(final.peak_memory))
 
 
 def _auto_schedule(pp: int, vpp: int, m: int, placement: str, ranks, costs: Costs,
-                   memory_limit: float, source: str, **options) -> Schedule:
+                   memory_limit: MemoryLimit, source: str, **options) -> Schedule:
     """The Schedule auto / autoV return for the job lists ``ranks``."""
     split = any(j.kind in (BACKWARD_B, BACKWARD_W) for jobs in ranks for j in jobs)
     return Schedule(name="auto" if placement == LOOPED else "autoV", pp=pp, vpp=vpp, m=m,
@@ -250,7 +252,7 @@ def _auto_schedule(pp: int, vpp: int, m: int, placement: str, ranks, costs: Cost
 
 
 def _rerank_rendezvous(finalists, pp: int, vpp: int, m: int, costs: Costs,
-                       memory_limit: float):
+                       memory_limit: MemoryLimit):
     """(rendezvous simulation of the fastest finalist whose peak fits, its memory lower bound,
     baseline label, baseline makespan): the first in ``finalists``' order on ties."""
     best, best_bound = None, 0.0
@@ -262,7 +264,7 @@ def _rerank_rendezvous(finalists, pp: int, vpp: int, m: int, costs: Costs,
             sims[key] = simulate(_auto_schedule(pp, vpp, m, placement, ranks, costs,
                                                 memory_limit, source), costs)
         sim = sims[key]
-        if sim.max_peak_memory > memory_limit + EPS:
+        if not fits(sim.peak_memory, rank_limits(memory_limit, pp)):
             continue
         if is_fixed and sim.makespan < baseline_span - EPS:
             baseline, baseline_span = source[len("fixed:"):], sim.makespan
@@ -271,15 +273,15 @@ def _rerank_rendezvous(finalists, pp: int, vpp: int, m: int, costs: Costs,
     return best, best_bound, baseline, baseline_span
 
 
-def _search_pattern(ctx: SearchContext, memory_limit: float, fits, tried: Dict[str, float],
-                    local_search: bool):
+def _search_pattern(ctx: SearchContext, memory_limit: MemoryLimit, fitting,
+                    tried: Dict[str, float], local_search: bool):
     """Steps 1-4 of the module doc for one placement and split pattern: (makespan, source,
     orders, memory lower bound) of the best order found, None if none fits."""
     placement = ctx.placement.kind
     pp, vpp, m = ctx.pp, ctx.vpp, ctx.m
     target = memory_lower_bound(pp, vpp, m, ctx.effective_costs, memory_limit, placement)
     pool = []  # (makespan, sum of finish times, source, orders) of every fitting candidate
-    for label, schedule, span in fits:
+    for label, schedule, span in fitting:
         orders = ctx.from_schedule(schedule)
         fast = ctx.simulate(orders)
         pool.append((span, fast[2] if fast else INF, f"fixed:{label}", orders))
@@ -295,7 +297,7 @@ def _search_pattern(ctx: SearchContext, memory_limit: float, fits, tried: Dict[s
             continue
         span, peak, total = result
         tried[policy.label() + suffix] = span
-        if peak <= memory_limit + EPS:
+        if fits(peak, rank_limits(memory_limit, pp)):
             pool.append((span, total, policy.label(), orders))
     layout = layout_search(ctx, memory_limit) if policies else None
     if layout is not None:
@@ -324,13 +326,13 @@ def _search_pattern(ctx: SearchContext, memory_limit: float, fits, tried: Dict[s
 
 @register_schedule("auto", placement=LOOPED, splits_backward=True)
 def auto(pp: int, vpp: int, m: int, costs: Optional[Costs] = None,
-         memory_limit: Optional[float] = None) -> List[List[Job]]:
+         memory_limit: Optional[MemoryLimit] = None) -> List[List[Job]]:
     """Searched zero-bubble schedule (looped placement): fastest simulated under memory_limit."""
     return auto_search(pp, vpp, m, costs, memory_limit, (LOOPED,)).schedule.ranks
 
 
 @register_schedule("autoV", aliases=("auto-v",), placement=V_SHAPE, splits_backward=True)
 def auto_v(pp: int, vpp: int, m: int, costs: Optional[Costs] = None,
-           memory_limit: Optional[float] = None) -> List[List[Job]]:
+           memory_limit: Optional[MemoryLimit] = None) -> List[List[Job]]:
     """Searched zero-bubble schedule (V placement): fastest simulated under memory_limit."""
     return auto_search(pp, vpp, m, costs, memory_limit, (V_SHAPE,)).schedule.ranks

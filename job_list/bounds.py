@@ -5,13 +5,55 @@ Both bounds take the placement the same way (``placement``, default looped).
 """
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Optional, Sequence, Tuple, Union
 
 from .costs import Costs
 from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, FORWARD
 from .placement import LOOPED, Placement
 
 EPS = 1e-9
+
+#: a memory limit in the simulator's units: one number for every pipeline rank, or one per rank
+MemoryLimit = Union[float, Tuple[float, ...]]
+
+
+def checked_memory_limit(memory_limit, pp: int) -> MemoryLimit:
+    """``memory_limit`` checked, as a float (every rank's limit) or a tuple of ``pp`` floats
+    (rank r's limit at r): each a finite number > 0 of activation units.  Per-rank limits
+    serve a memory budget in bytes, where each rank keeps its own resident bytes and unit."""
+    if isinstance(memory_limit, (list, tuple)):
+        if len(memory_limit) != pp:
+            raise ValueError(f"memory_limit must be one number or one per pipeline rank "
+                             f"({pp}), got {len(memory_limit)} numbers: {memory_limit!r}")
+        return tuple(_checked_units(v, memory_limit) for v in memory_limit)
+    return _checked_units(memory_limit, memory_limit)
+
+
+def _checked_units(value, given) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"memory_limit must be a number or a sequence of one number per "
+                        f"pipeline rank (activation units), got {type(given).__name__} {given!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"memory_limit must be a finite number > 0 (per rank), got {given!r}")
+    return float(value)
+
+
+def rank_limits(memory_limit: MemoryLimit, pp: int) -> Tuple[float, ...]:
+    """Each pipeline rank's limit (of a checked ``memory_limit``)."""
+    if isinstance(memory_limit, (list, tuple)):
+        return tuple(memory_limit)
+    return (float(memory_limit),) * pp
+
+
+def fits(peaks: Sequence[float], limits: Sequence[float]) -> bool:
+    """Whether every rank's peak is within its limit."""
+    return all(p <= lim + EPS for p, lim in zip(peaks, limits))
+
+
+def format_limit(memory_limit: MemoryLimit) -> str:
+    return (f"{memory_limit:g}" if not isinstance(memory_limit, tuple)
+            else "(" + ", ".join(f"{v:g}" for v in memory_limit) + ")")
 
 
 def default_memory_limit(pp: int, vpp: int, m: int) -> float:
@@ -44,8 +86,10 @@ def lower_bound(pp: int, vpp: int, m: int, costs: Optional[Costs] = None,
 
 
 def memory_lower_bound(pp: int, vpp: int, m: int, costs: Optional[Costs] = None,
-                       memory_limit: Optional[float] = None, placement: str = LOOPED) -> float:
-    """A lower bound on the makespan of any schedule whose per-rank peak is <= ``memory_limit``.
+                       memory_limit: Optional[MemoryLimit] = None, placement: str = LOOPED
+                       ) -> float:
+    """A lower bound on the makespan of any schedule whose per-rank peak is <= ``memory_limit``
+    (one limit, or one per rank: :func:`checked_memory_limit`).
 
     :func:`lower_bound` (rank work plus the forward path to it), tightened per rank by
     two idle periods the memory limit forces (same model as the simulator):
@@ -83,9 +127,10 @@ def memory_lower_bound(pp: int, vpp: int, m: int, costs: Optional[Costs] = None,
     for s in range(S - 2, -1, -1):
         arrive = i_start[s + 1] + ti[s + 1] + (c if rank[s + 1] != rank[s] else 0.0)
         i_start[s] = max(arrive, f_end[s])
-    held = int(memory_limit + EPS)
+    limits = rank_limits(checked_memory_limit(memory_limit, pp), pp)
     best = lower_bound(pp, vpp, m, costs, placement)
     for r in range(pp):
+        held = int(limits[r] + EPS)
         stages = [layout.stage(r, ch) for ch in range(vpp)]
         work = m * sum(tf[s] + ti[s] + tw[s] for s in stages)
         head = min(f_end[s] - tf[s] for s in stages)

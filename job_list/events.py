@@ -33,14 +33,19 @@ RunHook = Callable[[int, int, float, float], None]
 @dataclass
 class WalkState:
     """Where the walk stands: per rank the next list index and the clock, per id its end
-    (-1.0: not done), the running memory level per rank and the highest level reached."""
+    (-1.0: not done), the running memory level per rank and the highest level it reached."""
 
     orders: Sequence[Sequence[int]]
     head: List[int]
     clock: List[float]
     end: List[float]
     level: List[float]
-    peak: float = 0.0
+    peaks: List[float]
+
+    @property
+    def peak(self) -> float:
+        """The highest level any rank reached."""
+        return max(self.peaks, default=0.0)
 
     @property
     def finished(self) -> bool:
@@ -60,22 +65,21 @@ def walk(orders: Sequence[Sequence[int]], needs: Sequence[Needs], cost: Sequence
     not, which heads are blocked (a deadlock).
 
     ``delta[id]``: the live-memory change at the end of a job, in list order per rank (the
-    state's ``peak``); ``starts`` (``num_ids`` floats) receives each job's start; ``other``
+    state's ``peaks``); ``starts`` (``num_ids`` floats) receives each job's start; ``other``
     runs the entries with id -1 (default: they take no time and never wait; a hook may move
     the clocks of its rank and of others, e.g. for a blocking transfer).  The state it
     reaches does not depend on the order the ranks are tried in (running a job never stops
     another), so the deadlock, if any, does not either.
     """
     pp = len(orders)
-    state = WalkState(orders, [0] * pp, [0.0] * pp, [-1.0] * num_ids, [0.0] * pp)
-    end, head, clock, level = state.end, state.head, state.clock, state.level
+    state = WalkState(orders, [0] * pp, [0.0] * pp, [-1.0] * num_ids, [0.0] * pp, [0.0] * pp)
+    end, head, clock, level, peaks = state.end, state.head, state.clock, state.level, state.peaks
     track_memory, record_starts = delta is not None, starts is not None
-    peak = 0.0
     progressed = True
     while progressed:
         progressed = False
         for r, order in enumerate(orders):
-            h, t, lv = head[r], clock[r], level[r]
+            h, t, lv, peak = head[r], clock[r], level[r], peaks[r]
             n = len(order)
             while h < n:
                 j = order[h]
@@ -83,7 +87,7 @@ def walk(orders: Sequence[Sequence[int]], needs: Sequence[Needs], cost: Sequence
                     if other is not None:
                         if h != head[r]:  # the jobs run so far count even if the hook waits
                             progressed = True
-                        head[r], clock[r], level[r] = h, t, lv
+                        head[r], clock[r], level[r], peaks[r] = h, t, lv, peak
                         if not other(state, r, h):
                             break
                         t = clock[r]  # the hook may have kept the rank busy (a transfer)
@@ -114,9 +118,8 @@ def walk(orders: Sequence[Sequence[int]], needs: Sequence[Needs], cost: Sequence
                     continue
                 break
             if h != head[r]:
-                head[r], clock[r], level[r] = h, t, lv
+                head[r], clock[r], level[r], peaks[r] = h, t, lv, peak
                 progressed = True
-    state.peak = peak
     return state
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
+from .bounds import MemoryLimit, rank_limits
 from .search_context import EPS, F, I, INF, W, SearchContext
 
 
@@ -32,7 +33,7 @@ class GreedyPolicy:
     ``admit``: when a rank may start a new micro-batch (its first forward there): "reserve" only
     when all forwards of every started micro-batch still fit (never deadlocks); "soft" when
     ``vpp`` units are free (room for one micro-batch to pass); "free" whenever one unit is.
-    ``cap_drop``: run under ``limit - cap_drop`` (but at least vpp).
+    ``cap_drop``: run each rank under its limit ``- cap_drop`` (but at least vpp).
     """
 
     order: str = "IFW"
@@ -54,7 +55,7 @@ class GreedyPolicy:
                 f"cap-{self.cap_drop}]")
 
 
-def greedy_orders(ctx: SearchContext, limit: float, policy: GreedyPolicy) -> Optional[List[List[int]]]:
+def greedy_orders(ctx: SearchContext, limit: MemoryLimit, policy: GreedyPolicy) -> Optional[List[List[int]]]:
     """Per-rank job-id orders built by list scheduling under ``policy``; None on a deadlock.
 
     Each round every rank states its next action (job and start time) under the policy; the
@@ -71,10 +72,11 @@ Action = Tuple[float, int, int]
 class GreedyScheduler:
     """The state of one greedy run (see :func:`greedy_orders`)."""
 
-    def __init__(self, ctx: SearchContext, limit: float, policy: GreedyPolicy):
+    def __init__(self, ctx: SearchContext, limit: MemoryLimit, policy: GreedyPolicy):
         pp, vpp, m, S = ctx.pp, ctx.vpp, ctx.m, ctx.S
         self.ctx, self.policy, self.m, self.S, self.vpp = ctx, policy, m, S, vpp
-        self.cap = max(float(vpp), limit - policy.cap_drop) + EPS
+        self.caps = [max(float(vpp), lim - policy.cap_drop) + EPS
+                     for lim in rank_limits(limit, pp)]
         self.comm, self.cost, self.rank_of = ctx.comm, ctx.cost, ctx.rank_of
         self.end_f = [[-1.0] * m for _ in range(S)]
         self.end_i = [[-1.0] * m for _ in range(S)]
@@ -140,7 +142,7 @@ class GreedyScheduler:
         return e
 
     def f_allowed(self, r: int, s: int) -> bool:
-        level, cap = self.level[r], self.cap
+        level, cap = self.level[r], self.caps[r]
         if level + 1.0 > cap:
             return False
         if s == self.first_stage[r]:
@@ -177,7 +179,7 @@ class GreedyScheduler:
         queue, head = self.w_queue[r], self.w_head[r]
         has_w = head < len(queue)
         w_cost = self.cost[W][queue[head][0]] if has_w else 0.0
-        memory_tight = has_w and self.level[r] + 1.0 > self.cap - self.policy.w_first_at
+        memory_tight = has_w and self.level[r] + 1.0 > self.caps[r] - self.policy.w_first_at
         if self.policy.warmup is not None:
             return self._decide_1f1b(r, (fs, ft), (is_, it), has_w, w_cost, memory_tight)
         return self._decide_free(r, (fs, ft), (is_, it), has_w, w_cost, memory_tight)
@@ -191,7 +193,7 @@ class GreedyScheduler:
             want = F
         else:
             want = F if self.last[r] == I else I
-        if want == F and fs < 0 and f_done < per_rank and self.level[r] + 1.0 > self.cap:
+        if want == F and fs < 0 and f_done < per_rank and self.level[r] + 1.0 > self.caps[r]:
             want = I  # memory blocks the F: run an I (or W) instead
         return want
 
@@ -234,7 +236,7 @@ class GreedyScheduler:
         if choice is None:
             nxt = min(ft, it)
             if has_w and (policy.w_fill or nxt == INF or nxt >= t0 + w_cost - EPS
-                          or (fs < 0 and self.level[r] + 1.0 > self.cap)):
+                          or (fs < 0 and self.level[r] + 1.0 > self.caps[r])):
                 return t0, W, -1
             if nxt == INF:
                 return None

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .classic import grouped_order, interleaved_warmup, micro_batch_groups
 from .ir import BACKWARD_B, BACKWARD_W, FORWARD
+from .bounds import MemoryLimit, fits, rank_limits
 from .placement import LOOPED
 from .search_context import EPS, F, I, W, SearchContext
 from .zero_bubble import zb_rank_jobs
@@ -31,8 +32,8 @@ def layout_orders(ctx: SearchContext, warmup: Sequence[int], deferred: Sequence[
 class _LayoutEvaluator:
     """Simulates layouts once each (cached) and counts the simulations."""
 
-    def __init__(self, ctx: SearchContext, limit: float):
-        self.ctx, self.limit, self.evals = ctx, limit, 0
+    def __init__(self, ctx: SearchContext, limit: MemoryLimit):
+        self.ctx, self.limits, self.evals = ctx, rank_limits(limit, ctx.pp), 0
         self.cache: Dict[Tuple, Optional[Tuple[float, float, List[List[int]]]]] = {}
 
     def __call__(self, warmup: Sequence[int], deferred: Sequence[int], group: int
@@ -43,7 +44,7 @@ class _LayoutEvaluator:
             self.evals += 1
             orders = layout_orders(self.ctx, warmup, deferred, group)
             result = self.ctx.simulate(orders)
-            self.cache[key] = None if result is None or result[1] > self.limit + EPS else \
+            self.cache[key] = None if result is None or not fits(result[1], self.limits) else \
                 (result[0], result[2], orders)
         return self.cache[key]
 
@@ -79,7 +80,7 @@ def _layout_seeds(ctx: SearchContext, evaluate: _LayoutEvaluator):
     return best
 
 
-def layout_search(ctx: SearchContext, limit: float, max_evals: int = 400
+def layout_search(ctx: SearchContext, limit: MemoryLimit, max_evals: int = 400
                   ) -> Optional[Tuple[float, float, str, List[List[int]]]]:
     """Coordinate descent over the per-rank warm-up counts and W deferrals of the ZB-H1 /
     InterleavedZB layout (the zero-bubble paper's knobs), seeded from those schedules.

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+from .bounds import MemoryLimit, fits, rank_limits
 from .search_context import EPS, INF, W, SearchContext
 
 
 # --------------------------------------------------------------------------- local search
 
-def improve(ctx: SearchContext, orders: List[List[int]], limit: float,
+def improve(ctx: SearchContext, orders: List[List[int]], limit: MemoryLimit,
             max_evals: Optional[int] = None, target: float = 0.0) -> Tuple[List[List[int]], float]:
     """First-improvement local search on the per-rank orders.
 
     Moves: a job that waited for its rank although its inputs were there swaps with the job
     before it (this defers a W, or runs an I before an F); a later W moves into an idle gap of
     its rank.  A move is kept when (makespan, sum of rank finish times) drops and the peak
-    still fits ``limit``.  At most ``max_evals`` simulations (default: scaled to the size).
+    still fits ``limit`` (one, or one per rank) on every rank.  At most ``max_evals`` simulations (default: scaled to the size).
     """
     if max_evals is None:
         max_evals = max(16, min(600, 150000 // max(1, ctx.N)))
+    limits = rank_limits(limit, ctx.pp)
     starts = [0.0] * ctx.N
     result = ctx.simulate(orders, starts)
     if result is None:
@@ -38,7 +40,7 @@ def improve(ctx: SearchContext, orders: List[List[int]], limit: float,
             evals += 1
             new_starts = [0.0] * ctx.N
             result = ctx.simulate(candidate, new_starts)
-            if result is None or result[1] > limit + EPS:
+            if result is None or not fits(result[1], limits):
                 continue
             key = (result[0], result[2])
             if key[0] < best[0] - EPS or (key[0] <= best[0] + EPS and key[1] < best[1] - EPS):

@@ -5,10 +5,10 @@ Every bad value is a ValueError / TypeError naming it.  Pure Python, like all of
 the passes and the engine integration read a request, they do not derive it again."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Optional, Union
 
+from .bounds import MemoryLimit, checked_memory_limit
 from .costs import Costs
 from .ir import Schedule
 from .placement import Placement, check_positive_int
@@ -25,7 +25,8 @@ KNOWN_ATTRS = {
     "split_backward": "split each backward into backward_b and backward_w",
     "grad_accumulation": "'avg' (default, matches a mean loss) or 'sum' over micro-batches",
     "costs": "pipesplit.job_list.Costs or a dict, for the simulator and the auto schedule",
-    "memory_limit": "peak activation memory per rank for the auto schedule (simulator units)",
+    "memory_limit": "peak activation memory per rank for the auto schedule (simulator units; "
+                    "one number, or one per pipeline rank)",
     "enable_backward_forward_overlap": "accepted for compatibility with Paddle's 1F1B; ignored",
 }
 ACCUMULATION_MODES = ("avg", "sum")
@@ -41,7 +42,7 @@ class PipelineConfig:
     split_backward: bool = False
     grad_accumulation: str = "avg"
     costs: Optional[Costs] = None
-    memory_limit: Optional[float] = None
+    memory_limit: Optional[MemoryLimit] = None
 
     @property
     def num_stages(self) -> int:
@@ -93,7 +94,7 @@ class PipelineConfig:
             costs.check_stages(pp * vpp)
         limit = attrs.get("memory_limit")
         if limit is not None:
-            check_memory_limit(spec.name, limit)
+            limit = check_memory_limit(spec.name, limit, pp)
         return cls(spec.name, m, pp, vpp, stage, split, mode, costs, limit)
 
     def replaced(self, **changes) -> "PipelineConfig":
@@ -137,18 +138,16 @@ def make_schedule(config: PipelineConfig) -> Schedule:
     return schedule
 
 
-def check_memory_limit(schedule: str, limit) -> None:
-    """``memory_limit`` is a finite number > 0, given to a schedule that searches under it.
+def check_memory_limit(schedule: str, limit, pp: int) -> MemoryLimit:
+    """``memory_limit`` checked (:func:`~.bounds.checked_memory_limit`: a finite number > 0,
+    or one per pipeline rank), given to a schedule that searches under it.
 
     A fixed schedule (1F1B, ZBV ...) has the peak its order implies; a limit it would ignore is
     refused rather than dropped, so a run never looks limited when it is not."""
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)):
-        raise TypeError(f"memory_limit must be a number (activation units per rank), got "
-                        f"{type(limit).__name__} {limit!r}")
-    if not math.isfinite(limit) or limit <= 0:
-        raise ValueError(f"memory_limit must be a finite number > 0, got {limit!r}")
+    limit = checked_memory_limit(limit, pp)
     takers = searching_schedules()
     if schedule not in takers:
         raise ValueError(f"memory_limit is not used by schedule {schedule}: only {takers} "
                          f"search under a memory limit; {schedule}'s peak is fixed by its order "
                          f"(drop memory_limit, or use one of {takers})")
+    return limit

@@ -124,8 +124,8 @@ class SearchContext:
         return out
 
     def simulate(self, orders: Sequence[Sequence[int]], starts: Optional[List[float]] = None
-                 ) -> Optional[Tuple[float, float, float]]:
-        """(makespan, max per-rank peak, sum of rank finish times) of ``orders``; None if they
+                 ) -> Optional[Tuple[float, Tuple[float, ...], float]]:
+        """(makespan, peak per rank, sum of rank finish times) of ``orders``; None if they
         deadlock.  ``starts`` (a list of N floats), when given, receives each job's start.
 
         Same timing as :func:`simulate.simulate`; the peak is the running level after each job
@@ -135,4 +135,4 @@ class SearchContext:
                      delta=self.delta_of, starts=starts)
         if not state.finished:
             return None
-        return max(state.clock), state.peak, sum(state.clock)
+        return max(state.clock), tuple(state.peaks), sum(state.clock)

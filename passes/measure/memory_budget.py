@@ -27,8 +27,9 @@ over the bytes every forward keeps, over the stages that ran W; Paddle's W reads
 inputs, so nearly a whole unit).  A schedule's peak on
 rank r is then ``start + units * unit + rest`` (units: the simulator's peak), an upper bound
 that the rank reaches when its worst job runs at its highest level.  A budget in bytes becomes
-the search's ``memory_limit`` in units: the smallest over the ranks of
-``(budget - start - rest) / unit``.
+the search's ``memory_limit`` in units, one per rank: ``(budget - start - rest) / unit`` of
+that rank's price (rank 0 of a pipeline, which keeps the most forwards, often has the most
+room: the last rank's logits and loss are its ``rest``).
 """
 from __future__ import annotations
 
@@ -201,16 +202,18 @@ class MemoryModel:
         return [price.peak(u) for price, u in zip(self.ranks, units)]
 
     def memory_limit(self, budget: int, schedule_name: str, pp: int, vpp: int, m: int,
-                     costs: Costs) -> float:
-        """The search's ``memory_limit`` (units per rank) that keeps every rank within
-        ``budget`` bytes; :class:`MemoryBudgetError` when it is below the least any schedule
-        needs, naming the smallest budget that would serve."""
+                     costs: Costs) -> Tuple[float, ...]:
+        """The search's ``memory_limit``, one per pipeline rank (units), that keeps each rank
+        within ``budget`` bytes: rank r's is ``(budget - start - rest) / unit`` of its own
+        price (a rank that keeps more resident, or larger units, holds fewer); no more than
+        every forward of the step.  :class:`MemoryBudgetError` when a rank's is below the
+        least any schedule needs, naming the smallest budget that would serve."""
         w_memory = self.costs(costs).w_memory
         least = minimum_memory(pp, vpp, m, w_memory)
         most = m * vpp + max(0.0, w_memory - 1.0)  # every forward of the step kept: no more
-        limit = min([most] + [(budget - p.start - p.rest) / p.unit for p in self.ranks
-                              if p.unit > 0])
-        if limit < least:
+        limits = tuple(min(most, (budget - p.start - p.rest) / p.unit) if p.unit > 0 else most
+                       for p in self.ranks)
+        if min(limits) < least:
             smallest = max(p.peak(least) for p in self.ranks)
             raise MemoryBudgetError(
                 f"memory budget {format_bytes(budget)} is below what any {schedule_name} "
@@ -218,7 +221,7 @@ class MemoryModel:
                 f"(per pipeline rank: resident + {least:g} forward(s) kept + temporaries = "
                 + ", ".join(f"{format_bytes(p.peak(least))}" for p in self.ranks) + ")",
                 budget, int(smallest))
-        return limit
+        return limits
 
     def to_dict(self) -> dict:
         return {"w_memory": self.w_memory,

@@ -311,6 +311,12 @@ def memory_limit_bool():
     return _apply(main, startup, "auto", memory_limit=True), [main, startup]
 
 
+def memory_limit_one_per_rank_of_three_ranks():
+    """Two pipeline ranks, three limits."""
+    main, startup, _ = _two_stage_nn()
+    return _apply(main, startup, "auto", memory_limit=[2, 2, 2]), [main, startup]
+
+
 def costs_comm_nan():
     main, startup, _ = _two_stage_nn()
     costs = {"forward": 1, "backward_b": 1, "backward_w": 1, "comm": float("nan")}
@@ -413,7 +419,8 @@ CASES = {f.__name__: f for f in [
     pp_vpp_do_not_match_chunk_ids, two_minimize_calls, two_minimize_calls_per_rank,
     data_flows_back_a_stage, gradient_flows_to_a_later_stage, memory_limit_for_fixed_schedule,
     memory_limit_nan,
-    memory_limit_inf, memory_limit_bool, costs_comm_nan, costs_w_memory_nan, costs_a_list,
+    memory_limit_inf, memory_limit_bool, memory_limit_one_per_rank_of_three_ranks,
+    costs_comm_nan, costs_w_memory_nan, costs_a_list,
     costs_wrong_stage_count, split_program_num_chunks,
     unfetched_loss_trains_like_unsplit, adamw_with_global_norm_clipping_is_accepted,
     lr_scheduler_unknown_to_the_runner,
@@ -459,6 +466,8 @@ EXPECTED = {
     "memory_limit_nan": ("ValueError", ["memory_limit must be a finite number", "nan"]),
     "memory_limit_inf": ("ValueError", ["memory_limit must be a finite number", "inf"]),
     "memory_limit_bool": ("TypeError", ["memory_limit must be a number"]),
+    "memory_limit_one_per_rank_of_three_ranks": ("ValueError", [
+        "memory_limit must be one number or one per pipeline rank (2)", "got 3 numbers"]),
     "costs_comm_nan": ("ValueError", ["costs.comm must be a finite number", "nan"]),
     "costs_w_memory_nan": ("ValueError", ["costs.w_memory must be a finite number", "nan"]),
     "costs_a_list": ("TypeError", ["costs must be a Costs or a dict", "list"]),

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from pipesplit.job_list import Costs, build_schedule
+from pipesplit.job_list import Costs, build_schedule, simulate
+from pipesplit.job_list.auto import auto_search
+from pipesplit.job_list.bounds import fits
 from pipesplit.job_list.request import PipelineConfig, make_schedule
 from pipesplit.passes.measure.memory_budget import (MemoryBudgetError, MemoryModel, job_memory,
                                                     parse_budget, rank_memory)
@@ -98,10 +100,10 @@ def test_the_model_prices_the_simulators_units():
 def test_a_budget_becomes_the_searchs_limit_or_is_refused():
     model = MemoryModel.from_measurements([_memory(0, 1000, 100, 90, 5),
                                            _memory(1, 900, 80, 72, 3)], pp=2)
-    # the tighter rank decides: (1255 - 1005) / 100 = 2.5 < (1255 - 903) / 80
-    assert model.memory_limit(1255, "auto", 2, 1, 4, Costs()) == pytest.approx(2.5)
-    # no schedule holds more than every forward of the step
-    assert model.memory_limit(10 ** 9, "auto", 2, 1, 4, Costs()) == pytest.approx(4.0)
+    # each rank its own: (1255 - 1005) / 100 = 2.5; (1255 - 903) / 80 = 4.4, but no schedule
+    # holds more than every forward of the step (4)
+    assert model.memory_limit(1255, "auto", 2, 1, 4, Costs()) == pytest.approx((2.5, 4.0))
+    assert model.memory_limit(10 ** 9, "auto", 2, 1, 4, Costs()) == pytest.approx((4.0, 4.0))
     with pytest.raises(MemoryBudgetError, match=r"smallest budget that serves is 0\.00 MiB "
                                                 r"\(1105 bytes\)") as refused:
         model.memory_limit(1104, "auto", 2, 1, 4, Costs())
@@ -119,6 +121,26 @@ def test_the_searched_plan_fits_the_limit_the_budget_gives():
         limit = model.memory_limit(budget, "auto", 2, 1, 4, costs)
         plan = build_schedule("auto", 2, 1, 4, costs=costs, memory_limit=limit)
         assert max(model.peaks(plan, costs)) <= budget
+
+
+def test_each_rank_searches_under_its_own_room():
+    """The last rank's logits and loss (its ``rest``) leave it one unit under a budget of 1F1B's
+    priced peak, while rank 0 has room for 2.75: per-rank limits admit 1F1B (rank 0 holds 2,
+    the last rank 1) where the tighter rank's limit for every rank (1) would admit only a
+    serial order."""
+    model = MemoryModel.from_measurements([_memory(0, 1000, 100, 95, 5),
+                                           _memory(1, 900, 80, 76, 300)], pp=2)
+    costs = model.costs(Costs())
+    one_f_one_b = build_schedule("1F1B", 2, 1, 4)
+    budget = int(max(model.peaks(one_f_one_b, costs)))
+    assert budget == 900 + 80 + 300
+    limits = model.memory_limit(budget, "auto", 2, 1, 4, costs)
+    assert limits == pytest.approx((2.75, 1.0))
+    per_rank = auto_search(2, 1, 4, costs, limits)
+    assert all(peak <= budget for peak in model.peaks(per_rank.schedule, costs))
+    assert per_rank.makespan <= simulate(one_f_one_b, costs).makespan + 1e-9
+    tightest = auto_search(2, 1, 4, costs, min(limits))
+    assert per_rank.makespan < tightest.makespan - 1e-9
 
 
 # --------------------------------------------------------------------------- two processes
@@ -174,7 +196,7 @@ def test_auto_keeps_a_budget_between_1f1b_and_zbh2(launched):
     budget = runs[0]["budget"]
     assert runs[0]["start"] + one_f < budget < runs[0]["start"] + zbh2
     assert runs[0]["memory"]["memory_limit"] == runs[1]["memory"]["memory_limit"]
-    assert runs[0]["memory"]["memory_limit"] < max(_schedule_units("ZBH2"))
+    assert not fits(_schedule_units("ZBH2"), runs[0]["memory"]["memory_limit"])
     for run in runs:
         assert run["memory"]["budget_bytes"] == budget
         assert max(run["memory"]["predicted_peak_bytes"]) <= budget
@@ -186,8 +208,7 @@ def test_a_budget_above_zbh2_admits_its_memory(launched):
     """Above ZBH2's peak the search may keep as many forwards as ZBH2 does (3 on rank 0), and
     the peak still stays within the budget."""
     runs = [r["budgets"]["high"] for r in launched]
-    zbh2_units = max(_schedule_units("ZBH2"))
-    assert runs[0]["memory"]["memory_limit"] >= zbh2_units - 1e-9
+    assert fits(_schedule_units("ZBH2"), runs[0]["memory"]["memory_limit"])
     for run in runs:
         assert run["peak"] <= run["budget"], (run["peak"], run["budget"])
 

@@ -4,7 +4,9 @@ import pytest
 from pipesplit.job_list import build_schedule
 from pipesplit.job_list.auto import (auto_search, default_memory_limit, fixed_candidates,
                                      greedy_orders, GreedyPolicy, SearchContext)
+from pipesplit.job_list.bounds import checked_memory_limit, fits, memory_lower_bound
 from pipesplit.job_list.placement import LOOPED, V_SHAPE
+from pipesplit.job_list.search_context import INF
 from pipesplit.job_list.simulate import Costs, simulate
 from pipesplit.job_list.validate import validate
 
@@ -32,9 +34,44 @@ def test_never_worse_than_best_fitting_fixed(costs, placement):
         assert result.peak <= limit + 1e-9
         assert simulate(result.schedule, costs).makespan == pytest.approx(result.makespan)
         fitting = [span for _, _, span, peak in fixed_candidates(pp, vpp, m, placement, costs)
-                   if peak <= limit + 1e-9]
+                   if max(peak) <= limit + 1e-9]
         if fitting:
             assert result.makespan <= min(fitting) + 1e-9
+
+
+@pytest.mark.parametrize("placement", (LOOPED, V_SHAPE))
+def test_a_limit_per_rank_holds_on_each_rank(placement):
+    """One limit per rank (what a budget in bytes gives): each rank's peak within its own,
+    never slower than the fixed schedules that fit them all, never slower than under the
+    tightest for every rank, and bounded below by the memory bound of those limits."""
+    for pp, vpp, m, limits in ((2, 1, 4, (2.0, 1.0)), (4, 1, 8, (4.0, 3.0, 1.5, 1.0)),
+                               (4, 2, 8, (8.0, 4.0, 2.0, 2.0)), (3, 2, 7, (2.0, 6.0, 3.0))):
+        result = auto_search(pp, vpp, m, C01, limits, (placement,))
+        validate(result.schedule)
+        assert result.memory_limit == limits
+        assert fits(simulate(result.schedule, C01).peak_memory, limits)
+        assert fits(result.peaks, limits) and result.peak == max(result.peaks)
+        fitting = [span for _, _, span, peak in fixed_candidates(pp, vpp, m, placement, C01)
+                   if fits(peak, limits)]
+        assert result.makespan <= min(fitting, default=INF) + 1e-9
+        tightest = auto_search(pp, vpp, m, C01, min(limits), (placement,))
+        assert result.makespan <= tightest.makespan + 1e-9
+        assert result.makespan >= memory_lower_bound(pp, vpp, m, C01, limits, placement) - 1e-9
+
+
+def test_a_limit_per_rank_is_checked():
+    with pytest.raises(ValueError, match=r"memory_limit must be one number or one per pipeline "
+                                         r"rank \(4\), got 2 numbers"):
+        auto_search(4, 1, 8, C01, [2.0, 2.0])
+    with pytest.raises(ValueError, match=r"memory_limit must be >= 2 on every rank .*got "
+                                         r"\(4, 1.5, 4, 4\)"):
+        build_schedule("auto", 4, 2, 8, memory_limit=(4, 1.5, 4, 4))
+    with pytest.raises(TypeError, match="memory_limit must be a number or a sequence"):
+        auto_search(4, 1, 8, C01, (2.0, "2", 2.0, 2.0))
+    with pytest.raises(ValueError, match="memory_limit must be a finite number > 0"):
+        auto_search(2, 1, 8, C01, (2.0, float("nan")))
+    assert checked_memory_limit([3, 2], 2) == (3.0, 2.0)
+    assert checked_memory_limit(3, 2) == 3.0
 
 
 def test_memory_limit_respected_and_tradeoff():
@@ -95,7 +132,7 @@ def test_memory_lower_bound_is_a_lower_bound():
                     assert bound >= lower_bound(pp, vpp, m, costs) - 1e-9
                     cap = default_memory_limit(pp, vpp, m) if limit is None else limit
                     for _, _, span, peak in fixed_candidates(pp, vpp, m, placement, costs):
-                        if peak <= cap + 1e-9:
+                        if max(peak) <= cap + 1e-9:
                             assert span >= bound - 1e-9
                     result = auto_search(pp, vpp, m, costs, limit, (placement,))
                     assert result.makespan >= bound - 1e-9
@@ -117,7 +154,7 @@ def test_layout_search_fits_limit():
         assert found is not None
         span, _, _, orders = found
         fast = ctx.simulate(orders)
-        assert fast[0] == pytest.approx(span) and fast[1] <= limit + 1e-9
+        assert fast[0] == pytest.approx(span) and max(fast[1]) <= limit + 1e-9
         schedule = build_schedule("InterleavedZB", pp, vpp, m).with_ranks(ctx.to_jobs(orders))
         validate(schedule)
 

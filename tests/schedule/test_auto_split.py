@@ -119,7 +119,7 @@ def test_unsplit_stage_searched_as_b():
     span, peak, _ = ctx.simulate(orders)
     reference = simulate(mixed, costs)
     assert span == pytest.approx(reference.makespan)
-    assert peak == pytest.approx(reference.max_peak_memory)
+    assert peak == pytest.approx(tuple(reference.peak_memory))
     assert ctx.to_jobs(orders) == mixed.ranks
     assert (ctx.cost[1][0], ctx.cost[2][0]) == (2.0, 0.0)  # stage 0 unsplit: I = tB, W = 0
     assert (ctx.cost[1][1], ctx.cost[2][1]) == (1.5, 1.0)

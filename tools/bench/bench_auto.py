@@ -150,7 +150,7 @@ def run_split_grid(cost_dir: str = PROFILED_DIR, out=sys.stdout) -> dict:
                         sim = simulate(mine, costs)
                         fits = [(span, lab) for lab, _, span, peak in
                                 fixed_candidates(pp, vpp, m, placement, costs)
-                                if peak <= sim.max_peak_memory + 1e-9]
+                                if max(peak) <= sim.max_peak_memory + 1e-9]
                         best = min(fits) if fits else None
                         gain = 100.0 * (best[0] - sim.makespan) / best[0] if best else 0.0
                         pattern = _pattern(mine)
