@@ -26,26 +26,34 @@ def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set
     over whose buffers no program reads (:func:`shape_only_handoffs`; as Paddle's
     ``_set_skip_gc_vars_in_pir`` drops them, so their producer frees their memory)."""
     no_need = shape_only_handoffs(programs)
+    named = named_values(programs)
+    return {t: named[t] - no_need[t] for t in programs}
+
+
+def named_values(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
+    """Non-persistable named values each sub-program reads or writes."""
     out = {}
     for t, prog in programs.items():
         req, pers = set(), set()
         blk = prog.global_block()
-        for name in blk.kwargs():
+        for name, kwarg in blk.kwargs().items():
             req.add(name)
-            if blk.kwargs()[name].persistable:
+            if kwarg.persistable:
                 pers.add(name)
+        # every operand of a top-level op is a kwarg or a result of a top-level op: the
+        # results alone name every value (each read from Python costs microseconds)
         for op in blk.ops:
             if op.name() == "builtin.shadow_output":
                 name = op.str_attr("output_name")
                 req.add(name)
                 if op.operand_source(0).persistable:
                     pers.add(name)
-            for v in list(op.operands_source()) + list(op.results()):
+            for v in op.results():
                 if v.has_name:
                     req.add(v.name)
                     if v.persistable:
                         pers.add(v.name)
-        out[t] = req - pers - no_need[t]
+        out[t] = req - pers
     return out
 
 
@@ -118,7 +126,9 @@ def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.
     non-persistable values that a later job of the same micro-batch still reads.  ``gc_order``:
     a longer order that ``job_order`` begins; the skip-gc sets are then those of ``gc_order``
     (a value a later, absent job would read stays alive after the plan ends: profiling's
-    prefix plans)."""
+    prefix plans).  ``required_vars``: the non-persistable named values of the programs the
+    caller knows them for (a split records them as it builds the programs); the others are
+    walked (:func:`named_values`)."""
     _check_m(num_micro_batches)
     job_order = list(job_order)
     if not job_order:
@@ -133,11 +143,10 @@ def make_plan(job_order: Sequence[Tuple[str, int]], programs: Dict[str, "paddle.
             raise ValueError(f"micro-batch id {mb!r} of {t} not in [0, {num_micro_batches})")
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
     gc_used = {t: programs[t] for t in dict.fromkeys(t for t, _ in gc_order)}
-    if required_vars is None:
-        required = required_vars_of(gc_used)
-    else:  # the split already knows each program's names: only drop the never-read buffers
-        no_need = shape_only_handoffs(gc_used)
-        required = {t: set(required_vars[t]) - no_need[t] for t in gc_used}
+    known = required_vars or {}
+    named = named_values({t: p for t, p in gc_used.items() if t not in known})
+    no_need = shape_only_handoffs(gc_used)
+    required = {t: set(known[t] if t in known else named[t]) - no_need[t] for t in gc_used}
     skip = skip_gc_sets(gc_order, required, num_micro_batches)
     jobs = []
     for (t, mb), keep in zip(job_order, skip):

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import (COMM_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
-                                   SEND_FORWARD, job_type, other_end)
+from pipesplit.job_list.ir import (COMM_KINDS, COMPUTE_KINDS, RECV_BACKWARD, RECV_FORWARD,
+                                   SEND_BACKWARD, SEND_FORWARD, job_type, other_end,
+                                   parse_job_type)
 from pipesplit.job_list.lower import peer_of
 from pipesplit.job_list.pipe import Pipe
 
@@ -42,7 +43,7 @@ from pipesplit.passes.transport.ring_order import world_ring_order, world_transf
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import make_plan  # noqa: E402
+from pipesplit.ir_utils import make_plan, without_op_callstacks  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.ir_utils.regather import regather_for_backward  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
@@ -328,24 +329,36 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
                                        schedule=schedule)
     _check_against_schedule(found, lowered, rank)
     programs = dict(split.programs)
-    if OPTIMIZER in programs:  # (evaluation and prediction have none)
-        clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
-    transport = transport.for_plan(paddle.distributed.get_world_size(), config.pp_degree,
-                                   _optimizer_exchanges(programs))
-    if transport.way == LOCKSTEP:
-        job_order = hybrid_world_ring(programs, found, opened, config, pipe)
-        progress = CommProgress()  # (its lockstep jobs count no progress)
-    else:
-        job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,
-                                                  transport)
-    job_order = _with_step_exchanges(job_order, programs, shared, here, schedule.placement,
-                                     pipe, pipe.process_of(rank), transport)
+    with without_op_callstacks():  # as the split: the ops added here point into pipesplit
+        if OPTIMIZER in programs:  # (evaluation and prediction have none)
+            clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
+        transport = transport.for_plan(paddle.distributed.get_world_size(), config.pp_degree,
+                                       _optimizer_exchanges(programs))
+        if transport.way == LOCKSTEP:
+            job_order = hybrid_world_ring(programs, found, opened, config, pipe)
+            progress = CommProgress()  # (its lockstep jobs count no progress)
+        else:
+            job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,
+                                                      transport)
+        job_order = _with_step_exchanges(job_order, programs, shared, here,
+                                         schedule.placement, pipe, pipe.process_of(rank),
+                                         transport)
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
-    plan = make_plan(job_order, used, config.num_micro_batches)
+    plan = make_plan(job_order, used, config.num_micro_batches,
+                     _compute_names(split, programs))
     split.programs = programs
     return PipelinePlan(config, schedule, lowered, job_order, split, plan, report,
                         comm_progress=progress, timing=opened.timing,
                         scope_variables=dict(here.scope_variables))
+
+
+def _compute_names(split, programs) -> Dict[str, frozenset]:
+    """The named values the split recorded for its compute programs still in ``programs`` (the
+    transport replaces the comm programs and adds ops to the optimizer's, never names to a
+    compute program)."""
+    return {t: names for t, names in split.required_vars.items()
+            if programs.get(t) is split.programs.get(t)
+            and parse_job_type(t)[0] in COMPUTE_KINDS}
 
 
 def _ring_of(op) -> Tuple[int, Tuple[int, ...]]:

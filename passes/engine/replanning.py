@@ -52,10 +52,11 @@ class Replanned:
 
 
 def replan(engine, costs, step: Optional[int] = None,
-           memory_limit: Optional[float] = None) -> PipelinePlan:
+           memory_limit=None) -> PipelinePlan:
     """Build ``engine``'s training plan again from the engine's program with ``costs``
     (:class:`~pipesplit.job_list.Costs`; ``auto`` / ``autoV`` search again, under
-    ``memory_limit`` units per rank when given; every lowering uses them) and run it from the
+    ``memory_limit`` units per rank when given, one number or one per rank; every lowering
+    uses them) and run it from the
     next training step on.  Every process must call it between the same two steps, with the
     same costs.  Returns the new plan."""
     from pipesplit.job_list.costs import Costs

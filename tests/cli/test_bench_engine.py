@@ -20,9 +20,10 @@ REPO = str(_REPO)
 TOOL = os.path.join(REPO, "tools", "bench", "bench_engine.py")
 WARMUP = 3
 PROFILED = 2
+PASS_REPEATS = 3
 ARGS = ["--quick", "--steps", "2", "--warmup", str(WARMUP), "--schedules",
         "FThenB,1F1B,ZBH1,ZBV,auto,auto-budget", "--budget-s", "8", "--profiled-steps",
-        str(PROFILED)]
+        str(PROFILED), "--pass-repeats", str(PASS_REPEATS)]
 FIELDS = ("schedule", "impl", "step_ms", "step_ms_spread", "peak_bytes", "pass_ms",
           "max_loss_diff")
 #: fp32, the same model and batches: the engines' losses agree to rounding
@@ -58,6 +59,8 @@ def test_rows_carry_the_fields(run):
     for r in rows:
         assert all(key in r for key in FIELDS), sorted(set(FIELDS) - set(r))
         assert r["step_ms"] > 0 and r["step_ms_spread"] >= 0 and r["pass_ms"] > 0
+        # the pass again on clones of the engine's programs, after the last step
+        assert len(r["pass_ms_all"]) == PASS_REPEATS and all(t > 0 for t in r["pass_ms_all"])
         assert r["m"] == 4 and report["m"] == [4]
         # the steps asked, then the rounds (paired: every engine stepped alike)
         assert len(r["step_ms_all"]) == report["timed_steps"] == 2 + sum(report["rounds"])
@@ -112,11 +115,12 @@ def test_goals_carry_verdicts_and_intervals(run):
         assert g["verdict"] in VERDICTS and g["bound"] > 0, g
         assert (g["steps_to_resolve"] is None) == (g["verdict"] != "unresolved"), g
         assert f"{g['verdict'].upper():<10}  m=4 {g['name']}: {g['text']}" in stdout
-        if g["ratio_ci"] is None:  # no pipesplit row fits the peak; pass time: one sample
-            assert g["name"] in ("best", "pass"), g
+        if g["ratio_ci"] is None:  # no pipesplit row fits the peak
+            assert g["name"] == "best", g
             continue
         low, high = g["ratio_ci"]
-        samples = PROFILED if g["name"].startswith("split") else report["timed_steps"]
+        samples = PROFILED if g["name"].startswith("split") else \
+            PASS_REPEATS if g["name"] == "pass" else report["timed_steps"]
         assert low <= g["ratio"] <= high and g["steps"] == samples, g
         schedule, impl = g["numerator"].split()
         assert rows[(schedule, impl)]["ratio_ci"][g["name"]] == g["ratio_ci"]
@@ -126,6 +130,9 @@ def test_goals_carry_verdicts_and_intervals(run):
     assert named["fastest"]["bound"] == 0.88 and named["fthenb"]["bound"] == 1.02
     assert named["budget"]["numerator"] == "auto-budget pipesplit"
     assert named["budget"]["denominator"] == "1F1B paddle" and named["budget"]["bound"] == 0.95
+    assert named["pass"]["numerator"] in ("FThenB pipesplit", "1F1B pipesplit")
+    assert named["pass"]["denominator"] == named["pass"]["numerator"].replace("pipesplit",
+                                                                              "paddle")
     for stage in (0, 1):
         split = named[f"split_stage{stage}"]
         assert (split["numerator"], split["denominator"], split["bound"]) == (

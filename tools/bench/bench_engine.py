@@ -33,7 +33,10 @@ Measured per (schedule, impl):
   engine module's ``pipeline_pass`` and ``pir_pass``'s (Paddle's own, or pipesplit's
   ``engine_hooks.pipeline_pass``) and, for pipesplit, ``engine_hooks.open_engine_state`` (it builds
   the schedule the pass reuses).  One untimed engine per impl is built first: the first
-  preparation in a process pays one-time costs (imports, first calls);
+  preparation in a process pays one-time costs (imports, first calls).  After every step,
+  ``--pass-repeats`` more calls of each engine's pass on fresh clones of the programs the
+  engine gave it (paired as the steps; pipesplit's ``open_engine_state`` time of its
+  preparation added to each): the pass goal's samples;
 * **auto**: as a user gets it, no cost file: it measures its jobs in step 1 and re-plans
   (``pipesplit.passes.measure.replan``); step 2 builds the new plan's executor, so the default warm-up
   is 3 steps.  Its row carries the costs it measured;
@@ -99,6 +102,8 @@ ROUND_MIN_STEPS = 2
 #: --profiled-steps' default: steps per engine under Paddle's profiler after the timed ones
 #: (the split goal's paired samples; 6 is the fewest a verdict is given on)
 DEFAULT_PROFILED_STEPS = 6
+#: --pass-repeats' default: more calls of each engine's pipeline pass (the pass goal's samples)
+DEFAULT_PASS_REPEATS = 12
 
 
 def make_parser():
@@ -122,6 +127,9 @@ def make_parser():
     p.add_argument("--profiled-steps", type=int, default=DEFAULT_PROFILED_STEPS,
                    help="steps per engine under Paddle's profiler after the timed ones (each "
                         "schedule's job times; the split goal's samples)")
+    p.add_argument("--pass-repeats", type=int, default=DEFAULT_PASS_REPEATS,
+                   help="calls of each engine's pipeline pass again, on clones of its "
+                        "programs, after the steps (the pass goal's paired samples)")
     p.add_argument("--layers", type=int, default=None,
                    help="the model's layers (default: the size's, 4); pp 2 takes half each")
     p.add_argument("--hidden", type=int, default=None,
@@ -146,6 +154,8 @@ def check_args(args) -> None:
         raise ValueError(f"--hidden must be >= 8, got {args.hidden}")
     if args.profiled_steps < 1:
         raise ValueError(f"--profiled-steps must be >= 1, got {args.profiled_steps}")
+    if args.pass_repeats < 1:
+        raise ValueError(f"--pass-repeats must be >= 1, got {args.pass_repeats}")
     if not args.budget_s >= 0:
         raise ValueError(f"--budget-s must be >= 0, got {args.budget_s}")
     args.ms = parse_ms(DEFAULT_M[args.quick] if args.m is None else args.m)
@@ -209,8 +219,7 @@ def step_all(runs: Sequence[EngineRun], steps: range, warmup: int) -> None:
     """Steps ``steps`` of every engine, paired: step k of every engine (order rotated by one
     per step) before step k + 1 of any."""
     for step in steps:
-        shift = step % len(runs)
-        for run in list(runs[shift:]) + list(runs[:shift]):
+        for run in rotated(runs, step):
             run.step(step, timed=step >= warmup)
 
 
@@ -231,10 +240,18 @@ def time_engines(args, kits, ranks):
         rounds.append(more)
     seconds = time.monotonic() - started
     for step in range(end, end + args.profiled_steps):  # each schedule's own job times
-        shift = step % len(runs)
-        for run in list(runs[shift:]) + list(runs[:shift]):
+        for run in rotated(runs, step):
             run.step(step, timed=False, profiled=True)
+    for repeat in range(args.pass_repeats):  # last: a pass again changes the engine's state
+        for run in rotated(runs, repeat):
+            run.repeat_pass()
     return runs, rounds, seconds
+
+
+def rotated(runs: Sequence[EngineRun], k: int) -> List[EngineRun]:
+    """``runs`` rotated by ``k``: each engine's turn moves by one each round (paired)."""
+    shift = k % len(runs)
+    return list(runs[shift:]) + list(runs[:shift])
 
 
 def next_round(args, runs: Sequence[EngineRun], ranks, elapsed: float, done: int) -> int:
@@ -315,7 +332,9 @@ def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
     return {"schedule": run.name, "impl": run.impl, "m": run.m, "vpp": run.vpp,
             "step_ms": statistics.median(steps), "step_ms_spread": iqr(steps),
             "step_ms_all": steps, "peak_bytes": [g["peak_bytes"] for g in gathered],
-            "pass_ms": max(g["pass_ms"] for g in gathered)}
+            "pass_ms": max(g["pass_ms"] for g in gathered),
+            # each repeat's slowest rank (the engine waits for both)
+            "pass_ms_all": [max(ms) for ms in zip(*(g["pass_ms_repeats"] for g in gathered))]}
 
 
 def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:

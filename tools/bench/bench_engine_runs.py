@@ -130,6 +130,18 @@ KITS = {"gpt": GptKit, "llama": LlamaKit}
 
 # =========================================================================== measuring
 
+def _cloned(value):
+    """A PIR program (or a list of them) cloned; anything else as it is."""
+    import paddle
+
+    if isinstance(value, paddle.pir.Program):
+        return value.clone()
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, paddle.pir.Program) for v in value):
+        return type(value)(v.clone() for v in value)
+    return value
+
+
 class PassTimer:
     """Wall time spent in the pipeline pass (and pipesplit's strategy check), summed over the
     calls made while installed.  Installed around whatever the names hold at the time (Paddle's
@@ -139,23 +151,48 @@ class PassTimer:
     TARGETS = (("paddle.distributed.auto_parallel.static.engine", "pipeline_pass"),
                ("paddle.distributed.auto_parallel.static.pir_pass", "pipeline_pass"),
                ("pipesplit.passes.engine.hooks", "open_engine_state"))
+    #: the target whose first call :meth:`repeat` makes again
+    PASS = "pipeline_pass"
 
     def __init__(self):
         self.seconds = 0.0
+        self.open_seconds = 0.0  # of it, in open_engine_state (done once per engine)
+        self.call = None  # (function, args) of the first outermost pipeline_pass call
         self._depth = 0  # a timed function calling another counts once
         self._saved = []
 
-    def _wrap(self, function):
+    def _wrap(self, function, attr: str):
         def timed(*args, **kwargs):
+            outermost = self._depth == 0
+            if outermost and attr == self.PASS and self.call is None:
+                self.call = (function, args, kwargs)
             self._depth += 1
             start = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
                 self._depth -= 1
-                if self._depth == 0:
-                    self.seconds += time.perf_counter() - start
+                if outermost:
+                    spent = time.perf_counter() - start
+                    self.seconds += spent
+                    if attr != self.PASS:
+                        self.open_seconds += spent
         return timed
+
+    def repeat(self) -> float:
+        """Seconds of one more call of the recorded pipeline pass on fresh clones of its
+        programs (the engine's are kept as they were), plus the engine's one
+        ``open_engine_state`` (pipesplit builds its schedule there, once per engine)."""
+        import paddle
+
+        if self.call is None:
+            raise RuntimeError("no pipeline pass was recorded for this engine")
+        function, args, kwargs = self.call
+        cloned = [_cloned(a) for a in args]
+        with paddle.base.framework._dygraph_guard(None):  # the engine runs it in static mode
+            start = time.perf_counter()
+            function(*cloned, **kwargs)
+            return time.perf_counter() - start + self.open_seconds
 
     @contextlib.contextmanager
     def installed(self):
@@ -164,7 +201,7 @@ class PassTimer:
         for module_name, attr in self.TARGETS:
             module = importlib.import_module(module_name)
             original = getattr(module, attr)
-            wrapper = self._wrap(original)
+            wrapper = self._wrap(original, attr)
             setattr(module, attr, wrapper)
             self._saved.append((module, attr, original, wrapper))
         try:
@@ -210,6 +247,8 @@ class EngineRun:
             self.batches = batches if batches is not None else [tuple(b) for b in loader]
             self.step(0, timed=False)  # the first run may prepare the rest of the plan
         self.pass_ms = timer.seconds * 1e3
+        self.pass_timer = timer
+        self.pass_ms_repeats: List[float] = []
         self.resident = memory.settled_current() - before
         self.first_schedule = self._built_schedule()
 
@@ -291,6 +330,14 @@ class EngineRun:
         if isinstance(self.opt._learning_rate, paddle.optimizer.lr.LRScheduler):
             self.opt._learning_rate.step()
 
+    def repeat_pass(self) -> None:
+        """Time the engine's pipeline pass once more (:meth:`PassTimer.repeat`), in its own
+        scope and names: only after its last step (pipesplit's pass records the plan it
+        builds in the engine's state, and makes the plan's scope variables)."""
+        use_impl(self.impl)
+        with self._guards():
+            self.pass_ms_repeats.append(self.pass_timer.repeat() * 1e3)
+
     def backward_ops(self) -> Optional[dict]:
         """pipesplit's backward sub-programs on this process: job type -> {op name: count}
         (the split goal's "why": what I + W run that B does not); None for Paddle's."""
@@ -315,7 +362,7 @@ class EngineRun:
     def timing(self) -> dict:
         """What the goals read: the timed steps' spans, peak bytes and pass time."""
         return {"spans": self.spans, "peak_bytes": int(self.resident + min(self.transient)),
-                "pass_ms": self.pass_ms}
+                "pass_ms": self.pass_ms, "pass_ms_repeats": self.pass_ms_repeats}
 
     def result(self) -> dict:
         done = self.replanned
