@@ -87,22 +87,31 @@ def check_stage_flow(program) -> None:
     values of any stage are done by then).  Source ops (parameters, data, constants) are
     re-created where used and sinks go with their producer, so neither counts."""
     ops = list(program.global_block().ops)
-    index = {op.id(): i for i, op in enumerate(ops)}
-    for i, op in enumerate(ops):
+    # each op's (role, stage) read once (None: a source op, or neither forward nor backward),
+    # and whether it is a sink: every read from Python crosses into C++, and an op is the
+    # producer of several others
+    placed, sinks = {}, set()
+    for op in ops:
         role = op.op_role
-        if role not in (ROLE_FORWARD, ROLE_BACKWARD) or op.name() in SINK_OPS or is_source_op(op):
+        placed[op] = None if role not in (ROLE_FORWARD, ROLE_BACKWARD) or is_source_op(op) \
+            else (role, op.chunk_id)
+        if op.name() in SINK_OPS:
+            sinks.add(op)
+    for i, op in enumerate(ops):
+        if placed[op] is None or op in sinks:
             continue
-        stage = op.chunk_id
+        role, stage = placed[op]
         for value in op.operands_source():
             if value is None or not value.initialized():
                 continue
             producer = value.get_defining_op()
-            if producer is None or is_source_op(producer):
+            if producer is None:
                 continue
-            p_role, p_stage = producer.op_role, producer.chunk_id
-            if p_role not in (ROLE_FORWARD, ROLE_BACKWARD) or p_stage is None or p_stage < 0:
+            p_role, p_stage = placed.get(producer) or (None, None)  # (outside the block: None)
+            if p_role is None or p_stage is None or p_stage < 0:
                 continue
             if p_role == role and (p_stage > stage if role == ROLE_FORWARD else p_stage < stage):
+                index = {o.id(): k for k, o in enumerate(ops)}
                 raise ValueError(
                     f"program data flows against the pipeline, from stage {p_stage} to stage "
                     f"{stage}: "
