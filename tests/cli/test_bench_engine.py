@@ -16,6 +16,8 @@ import sys
 import pytest
 from _paths import REPO as _REPO
 
+from pipesplit.tools.bench.bench_engine_report import budget_goal, pass_goal
+
 REPO = str(_REPO)
 TOOL = os.path.join(REPO, "tools", "bench", "bench_engine.py")
 WARMUP = 3
@@ -150,3 +152,48 @@ def test_auto_under_paddle_1f1b_s_peak_plans_within_it(run):
     assert memory["budget_bytes"] > max(rows[("1F1B", "paddle")]["peak_bytes"])
     assert len(memory["predicted_peak_bytes"]) == 2
     assert all(0 < b <= memory["budget_bytes"] for b in memory["predicted_peak_bytes"])
+    # the goal reads the process's peak against the same budget
+    budgeted = rows[("auto-budget", "pipesplit")]
+    assert budgeted["budget_bytes"] == memory["budget_bytes"]
+    assert len(budgeted["process_peak_bytes"]) == 2
+    assert all(p >= own for p, own in zip(budgeted["process_peak_bytes"],
+                                          budgeted["peak_bytes"]))
+
+
+def _row(schedule, impl, steps, **fields):
+    return {"schedule": schedule, "impl": impl, "step_ms": sorted(steps)[len(steps) // 2],
+            "step_ms_all": steps, **fields}
+
+
+def test_the_budget_goal_judges_the_process_peak_against_the_budget():
+    """Met on time within the budget; missed outright when a process's peak passes it, however
+    fast; the row's own peak beside Paddle 1F1B's is stated, not judged."""
+    paddle = _row("1F1B", "paddle", [100.0] * 8, peak_bytes=[300, 200])
+    fast = [80.0, 81.0, 79.0, 80.0, 82.0, 80.0, 79.0, 81.0]
+    within = _row("auto-budget", "pipesplit", fast, peak_bytes=[300, 310], budget_bytes=1000,
+                  process_peak_bytes=[990, 1000])
+    goal = budget_goal(within, paddle)
+    assert goal["verdict"] == "met" and goal["ratio"] == pytest.approx(0.8, abs=0.02)
+    over = dict(within, process_peak_bytes=[990, 1001])
+    goal = budget_goal(over, paddle)
+    assert goal["verdict"] == "missed" and goal["steps_to_resolve"] is None
+    assert goal["text"].endswith("a process's peak is above its budget")
+
+
+def test_the_pass_goal_needs_every_schedule():
+    """From each engine's repeated passes, paired; met only when every schedule's is; the
+    figures are the worst schedule's."""
+    def row(name, impl, repeats):
+        return {"schedule": name, "impl": impl, "pass_ms_all": repeats}
+
+    quick = [10.0, 10.5, 9.8, 10.1, 10.2, 9.9, 10.0, 10.3]
+    slow = [x * 1.5 for x in quick]
+    goal = pass_goal([("1F1B", row("1F1B", "pipesplit", quick), row("1F1B", "paddle", slow)),
+                      ("FThenB", row("FThenB", "pipesplit", quick),
+                       row("FThenB", "paddle", slow))])
+    assert goal["verdict"] == "met" and goal["steps"] == len(quick)
+    goal = pass_goal([("1F1B", row("1F1B", "pipesplit", quick), row("1F1B", "paddle", slow)),
+                      ("FThenB", row("FThenB", "pipesplit", slow),
+                       row("FThenB", "paddle", quick))])
+    assert goal["verdict"] == "missed" and goal["numerator"] == "FThenB pipesplit"
+    assert goal["ratio"] == pytest.approx(1.5)

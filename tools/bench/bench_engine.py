@@ -332,6 +332,8 @@ def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
     return {"schedule": run.name, "impl": run.impl, "m": run.m, "vpp": run.vpp,
             "step_ms": statistics.median(steps), "step_ms_spread": iqr(steps),
             "step_ms_all": steps, "peak_bytes": [g["peak_bytes"] for g in gathered],
+            "process_peak_bytes": [g["process_peak_bytes"] for g in gathered],
+            "budget_bytes": gathered[0]["budget_bytes"],
             "pass_ms": max(g["pass_ms"] for g in gathered),
             # each repeat's slowest rank (the engine waits for both)
             "pass_ms_all": [max(ms) for ms in zip(*(g["pass_ms_repeats"] for g in gathered))]}

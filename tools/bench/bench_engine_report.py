@@ -111,16 +111,22 @@ def goals_at(m: int, rows: List[dict]) -> List[dict]:
 
 
 def budget_goal(budgeted: dict, base: dict) -> dict:
-    """``auto`` under Paddle 1F1B's measured peak (its worst rank: what a device must hold) as
-    its memory budget: its step against Paddle 1F1B's (paired), and missed outright when its
-    measured peak exceeds that on some rank (exact bytes, no interval)."""
-    limit = max(base["peak_bytes"])
+    """``auto`` under a memory budget of Paddle 1F1B's measured peak (its worst rank: what a
+    device must hold, on top of what the process holds for its other engines): its step
+    against Paddle 1F1B's (paired), and missed outright when the process's peak exceeds the
+    budget on some rank (exact bytes, no interval).  The row's own peak (resident + transient)
+    beside Paddle 1F1B's is stated too: it differs from the budget's view by what the rest of
+    the process freed or allocated between the budget's reading and the step."""
+    budget = budgeted["budget_bytes"]
     goal = ratio_goal("budget", "auto under a memory budget of Paddle 1F1B's peak (" +
-                      fmt_bytes([limit]) + ") <= {bound} x Paddle 1F1B (its peak " +
-                      fmt_bytes(budgeted["peak_bytes"]) + ")", budgeted, base, GOAL_BUDGET_RATIO)
-    if max(budgeted["peak_bytes"]) > limit:
+                      fmt_bytes([max(base["peak_bytes"])]) + " of its own; the process's "
+                      "budget " + fmt_bytes([budget]) + ") <= {bound} x Paddle 1F1B (the "
+                      "process's peak " + fmt_bytes(budgeted["process_peak_bytes"]) + "; its "
+                      "own " + fmt_bytes(budgeted["peak_bytes"]) + ")", budgeted, base,
+                      GOAL_BUDGET_RATIO)
+    if max(budgeted["process_peak_bytes"]) > budget:
         goal.update(verdict="missed", steps_to_resolve=None,
-                    text=goal["text"] + ": its peak is above Paddle 1F1B's")
+                    text=goal["text"] + ": a process's peak is above its budget")
     return goal
 
 
