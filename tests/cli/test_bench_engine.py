@@ -16,7 +16,7 @@ import sys
 import pytest
 from _paths import REPO as _REPO
 
-from pipesplit.tools.bench.bench_engine_report import budget_goal, pass_goal
+from pipesplit.tools.bench.bench_engine_report import budget_goal, goals, pass_goal
 
 REPO = str(_REPO)
 TOOL = os.path.join(REPO, "tools", "bench", "bench_engine.py")
@@ -178,6 +178,22 @@ def test_the_budget_goal_judges_the_process_peak_against_the_budget():
     goal = budget_goal(over, paddle)
     assert goal["verdict"] == "missed" and goal["steps_to_resolve"] is None
     assert goal["text"].endswith("a process's peak is above its budget")
+
+
+def test_the_vpp_goal_states_the_transfers_it_measured():
+    """A miss on a slow transport says why with a measured figure: each rank's ms in transfer
+    jobs, the interleaved schedule's beside 1F1B's (their last profiled step)."""
+    def jobs(*comm):
+        return [{"total": {"forward": 100.0, "send_forward": c / 2, "recv_backward": c / 2}}
+                for c in comm]
+
+    steps = [100.0, 101.0, 99.0, 100.0, 102.0, 100.0, 99.0, 101.0]
+    one = _row("1F1B", "pipesplit", steps, m=8, job_ms=jobs(100.0, 75.0))
+    vpp = _row("VPP", "pipesplit", [t * 1.2 for t in steps], m=8, job_ms=jobs(396.0, 254.0))
+    goal, = [g for g in goals([one, vpp]) if g["name"] == "vpp"]
+    assert goal["verdict"] == "missed"
+    assert goal["text"].endswith("(ms in transfers, last profiled step, per rank: VPP 396/254, "
+                                 "1F1B 100/75)")
 
 
 def test_the_pass_goal_needs_every_schedule():

@@ -94,9 +94,9 @@ def goals_at(m: int, rows: List[dict]) -> List[dict]:
                               "{bound} x the fastest other pipesplit schedule ({den})",
                               auto, fastest(others), GOAL_AUTO_RATIO))
     if m == GOAL_VPP_M and ("VPP", "pipesplit") in find and ("1F1B", "pipesplit") in find:
-        out.append(ratio_goal("vpp", "VPP (vpp 2) <= {bound} x pipesplit 1F1B",
-                              find[("VPP", "pipesplit")], find[("1F1B", "pipesplit")],
-                              GOAL_VPP_RATIO))
+        vpp, one = find[("VPP", "pipesplit")], find[("1F1B", "pipesplit")]
+        out.append(ratio_goal("vpp", "VPP (vpp 2) <= {bound} x pipesplit 1F1B" +
+                              _transfers_beside(vpp, one), vpp, one, GOAL_VPP_RATIO))
     if m == GOAL_BUDGET_M and budgeted and REFERENCE in find:
         out.append(budget_goal(budgeted, find[REFERENCE]))
     split, fused = find.get((SPLIT_SCHEDULE, "pipesplit")), find.get(("1F1B", "pipesplit"))
@@ -108,6 +108,21 @@ def goals_at(m: int, rows: List[dict]) -> List[dict]:
         # (none while the steps run: the passes are repeated after the last)
         out.append(pass_goal(passes))
     return out
+
+
+def _transfers_beside(row: dict, other: dict) -> str:
+    """``row``'s and ``other``'s ms in transfer jobs per rank in their last profiled step (the
+    measured why of an interleaved schedule on a slow transport); empty without profiles."""
+    if not (row.get("job_ms") and other.get("job_ms")):
+        return ""
+    comm = dict(_JOB_COLUMNS)["comm"]
+
+    def per_rank(r):
+        return "/".join(f"{sum(rank['total'].get(k, 0.0) for k in comm):.0f}"
+                        for rank in r["job_ms"])
+
+    return (f" (ms in transfers, last profiled step, per rank: {row['schedule']} "
+            f"{per_rank(row)}, {other['schedule']} {per_rank(other)})")
 
 
 def budget_goal(budgeted: dict, base: dict) -> dict:
