@@ -206,7 +206,7 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
         for pattern in patterns:
             ctx = SearchContext(pp, vpp, m, placement, search_costs, pattern)
             fitting = [(label, schedule, span) for label, schedule, span, peak in fixed
-                    if fits(peak, limits) and split_stages_of(schedule) == pattern]
+                       if fits(peak, limits) and split_stages_of(schedule) == pattern]
             found = _search_pattern(ctx, memory_limit, fitting, tried, local_search)
             if found is None:
                 continue
@@ -224,8 +224,7 @@ def auto_search(pp: int, vpp: int = 1, m: int = 1, costs: Optional[Costs] = None
                          if fits(peak, limits))
     if best is None:  # pragma: no cover - reserve policies always succeed for limit >= vpp
         raise ValueError(f"memory_limit {format_limit(memory_limit)} admits no schedule the "
-                         f"search found "
-                         f"for pp={pp}, vpp={vpp}, m={m}")
+                         f"search found for pp={pp}, vpp={vpp}, m={m}")
     if costs.rendezvous:  # the latency winner is a finalist too
         final, bound, baseline, baseline_span = _rerank_rendezvous(
             finalists, pp, vpp, m, costs, memory_limit)
@@ -257,6 +256,7 @@ def _rerank_rendezvous(finalists, pp: int, vpp: int, m: int, costs: Costs,
     baseline label, baseline makespan): the first in ``finalists``' order on ties."""
     best, best_bound = None, 0.0
     baseline, baseline_span = None, INF
+    limits = rank_limits(memory_limit, pp)
     sims = {}  # the same job lists (a search that kept a fixed schedule) are simulated once
     for placement, source, ranks, bound, is_fixed in finalists:
         key = (placement, tuple(map(tuple, ranks)))
@@ -264,7 +264,7 @@ def _rerank_rendezvous(finalists, pp: int, vpp: int, m: int, costs: Costs,
             sims[key] = simulate(_auto_schedule(pp, vpp, m, placement, ranks, costs,
                                                 memory_limit, source), costs)
         sim = sims[key]
-        if not fits(sim.peak_memory, rank_limits(memory_limit, pp)):
+        if not fits(sim.peak_memory, limits):
             continue
         if is_fixed and sim.makespan < baseline_span - EPS:
             baseline, baseline_span = source[len("fixed:"):], sim.makespan
@@ -280,6 +280,7 @@ def _search_pattern(ctx: SearchContext, memory_limit: MemoryLimit, fitting,
     placement = ctx.placement.kind
     pp, vpp, m = ctx.pp, ctx.vpp, ctx.m
     target = memory_lower_bound(pp, vpp, m, ctx.effective_costs, memory_limit, placement)
+    limits = rank_limits(memory_limit, pp)
     pool = []  # (makespan, sum of finish times, source, orders) of every fitting candidate
     for label, schedule, span in fitting:
         orders = ctx.from_schedule(schedule)
@@ -297,7 +298,7 @@ def _search_pattern(ctx: SearchContext, memory_limit: MemoryLimit, fitting,
             continue
         span, peak, total = result
         tried[policy.label() + suffix] = span
-        if fits(peak, rank_limits(memory_limit, pp)):
+        if fits(peak, limits):
             pool.append((span, total, policy.label(), orders))
     layout = layout_search(ctx, memory_limit) if policies else None
     if layout is not None:

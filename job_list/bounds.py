@@ -52,6 +52,7 @@ def fits(peaks: Sequence[float], limits: Sequence[float]) -> bool:
 
 
 def format_limit(memory_limit: MemoryLimit) -> str:
+    """``2.5``, or ``(2, 1.5)`` for one limit per rank (error messages)."""
     return (f"{memory_limit:g}" if not isinstance(memory_limit, tuple)
             else "(" + ", ".join(f"{v:g}" for v in memory_limit) + ")")
 

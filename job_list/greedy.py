@@ -55,7 +55,8 @@ class GreedyPolicy:
                 f"cap-{self.cap_drop}]")
 
 
-def greedy_orders(ctx: SearchContext, limit: MemoryLimit, policy: GreedyPolicy) -> Optional[List[List[int]]]:
+def greedy_orders(ctx: SearchContext, limit: MemoryLimit, policy: GreedyPolicy
+                  ) -> Optional[List[List[int]]]:
     """Per-rank job-id orders built by list scheduling under ``policy``; None on a deadlock.
 
     Each round every rank states its next action (job and start time) under the policy; the

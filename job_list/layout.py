@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .bounds import MemoryLimit, fits, rank_limits
 from .classic import grouped_order, interleaved_warmup, micro_batch_groups
 from .ir import BACKWARD_B, BACKWARD_W, FORWARD
-from .bounds import MemoryLimit, fits, rank_limits
 from .placement import LOOPED
 from .search_context import EPS, F, I, W, SearchContext
 from .zero_bubble import zb_rank_jobs

@@ -17,7 +17,8 @@ def improve(ctx: SearchContext, orders: List[List[int]], limit: MemoryLimit,
     Moves: a job that waited for its rank although its inputs were there swaps with the job
     before it (this defers a W, or runs an I before an F); a later W moves into an idle gap of
     its rank.  A move is kept when (makespan, sum of rank finish times) drops and the peak
-    still fits ``limit`` (one, or one per rank) on every rank.  At most ``max_evals`` simulations (default: scaled to the size).
+    still fits ``limit`` (one, or one per rank) on every rank.  At most ``max_evals``
+    simulations (default: scaled to the size).
     """
     if max_evals is None:
         max_evals = max(16, min(600, 150000 // max(1, ctx.N)))

@@ -233,7 +233,7 @@ class EngineRun:
         self.memory, self.barrier, self.budget = memory, barrier, budget
         self.scope = paddle.static.Scope()
         self.spans, self.losses, self.transient = [], [], []
-        self.process_peaks = []  # the allocator's peak in a timed step: everything the process holds
+        self.process_peaks = []  # the allocator's peak in each timed step (the whole process)
         self.job_steps, self.profiled_spans = [], []  # one entry per profiled step
         self.memory_figures = None  # pipesplit's engines: rank_memory of the profiled step
         use_impl(impl)
