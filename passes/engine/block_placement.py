@@ -124,7 +124,6 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
         return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
     target = _targets(dist_program, pipeline_strategy, state, meshes)
     moved = _reshard_boundaries(dist_program, target, _block_starts(dist_program, seg_method))
-    _check_feeds_reach_their_readers(moved, target, meshes, state)
     for op in dist_program.global_block().ops:
         if op.id() in target:
             mesh, chunk, _ = target[op.id()]
@@ -311,7 +310,7 @@ def _blocks_per_stage_mesh(ops, seg_method, meshes) -> list:
 def _place_feeds(dist_program, target, fed_meshes) -> None:
     """A feed every rank is given (a plain ``DataLoader``) goes with its first reader; one a
     ``dist.shard_dataloader`` feeds on given meshes stays there (its readers elsewhere get it
-    through a transfer: :func:`_check_feeds_reach_their_readers`)."""
+    through the transfers :mod:`.relay` gives it)."""
     for op in dist_program.global_block().ops:
         if op.name() != "pd_op.data" or op.dist_attr is None \
                 or op.attrs()["name"] in fed_meshes:
@@ -404,28 +403,6 @@ def _feed_on_another_mesh(producer, mesh, target) -> bool:
             or producer.id() in target:
         return False
     return producer.dist_attr.process_mesh != mesh
-
-
-def _check_feeds_reach_their_readers(moved, target, meshes, state) -> None:
-    """A feed read on another stage's mesh rides the forward transfer into its reader's stage
-    (a reshard in the reader's chunk): it must be fed on the rank of the stage just before
-    (e.g. the labels on the last stage mesh when the V placement brings the loss back to the
-    first, pp = 2); otherwise say where to feed it."""
-    placement = state.request.placement
-    for out, src_attr, src, dst, chunk, dst_attr, reader in moved.values():
-        if reader is None:
-            continue
-        stage = target[reader][2]
-        feeder = meshes.index(src) if src in meshes else None
-        if stage == 0 or feeder != placement.rank_of(stage - 1):
-            name = out.get_defining_op().operand_source(0).get_defining_op().attrs()["name"]
-            raise ValueError(
-                f"strategy.pipeline.schedule_mode={state.requested!r}: dist.shard_dataloader "
-                f"feeds {name!r} on stage mesh {list(src.process_ids)}, but what reads it runs "
-                f"on stage mesh {list(dst.process_ids)} ({placement.kind} placement, stage "
-                f"{stage}); "
-                f"give dist.shard_dataloader the mesh of the stage that reads it "
-                f"(pipesplit.passes.engine.block_meshes) or a plain DataLoader")
 
 
 def _reshard_chain(reshard) -> list:

@@ -85,8 +85,21 @@ def _placed_elsewhere(tensor, dist_attr):
     mesh = dist_attr.process_mesh
     placements = to_placements(dist_attr.dims_mapping, mesh, list(dist_attr._partial_dims()))
     with _dygraph():
-        return paddle.Tensor(tensor._local_value(), dims=tensor.shape, process_mesh=mesh,
+        return paddle.Tensor(_no_bytes_here(tensor), dims=tensor.shape, process_mesh=mesh,
                              placements=placements)
+
+
+def _no_bytes_here(tensor):
+    """The local value of another rank's tensor as a dist tensor may hold it: a parameter made
+    eagerly has an empty one; one made under ``paddle.LazyGuard()`` (PaddleNLP's pretraining
+    script) keeps its full local shape with no allocation, which a dist tensor cannot wrap
+    (``Tensor's dimension is out of bound``), so it gets the empty local value too."""
+    import math
+
+    local = tensor._local_value()
+    if local._is_initialized() or math.prod(int(d) for d in local.shape) == 0:
+        return local
+    return paddle.empty([0], dtype=tensor.dtype)
 
 
 def _move_between_meshes(tensor, dist_attr):

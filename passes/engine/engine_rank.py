@@ -140,8 +140,9 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
             value = op.operand_source(0)
             paddle.pir.set_insertion_point(op)
             if _is_source(value):
-                # (another stage reads a parameter (a tied embedding) or a feed: a handoff of
-                # the value itself would rename its variable to the handoff's name)
+                # (another stage reads a parameter (a tied embedding), a feed or a relayed
+                # value: a handoff of the value itself would rename its variable to the
+                # handoff's name)
                 value = _shared(value, op)
             paddle._C_ops.set_persistable_value(value, name)
             sink = block.ops[block.ops.index(op) - 1]  # the shadow_output just made
@@ -175,8 +176,11 @@ _SCOPE_SOURCES = ("builtin.parameter", "pd_op.data")
 
 
 def _is_source(value) -> bool:
+    """A value that is a scope variable by its own name: a parameter, a feed, or a block
+    input (a value received from the stage before and sent on to the next unchanged: a
+    relayed one, :mod:`.relay`)."""
     producer = value.get_defining_op() if value.initialized() else None
-    return producer is not None and producer.name() in _SCOPE_SOURCES
+    return producer is None or producer.name() in _SCOPE_SOURCES
 
 
 def _shared(value, op):

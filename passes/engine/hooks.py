@@ -18,6 +18,7 @@ from pipesplit.passes.transport.progress import failure_reason
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
 from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
+from pipesplit.passes.engine.relay import relay_far_values
 from pipesplit.passes.engine.sequence_parallel import check_sequence_parallel
 from pipesplit.passes.engine.chunk_fill import fill_chunk_ids
 from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
@@ -28,7 +29,8 @@ from pipesplit.passes.engine.state import HANDLE, EngineState, ModePlan, engine_
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
 from pipesplit.passes.engine.replanning import engine_rank_plan, measured_replan
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
-from pipesplit.passes.engine.loader_checks import check_labels_are_class_ids, check_loader
+from pipesplit.passes.engine.loader_checks import (check_batch, check_labels_are_class_ids,
+                                                   check_loader, leading_dims)
 from pipesplit.passes.split.pipeline import split_and_schedule
 from pipesplit.passes.engine.open_state import open_engine_state
 from pipesplit.passes.engine.strategy_config import config_from_strategy, record_pipe
@@ -282,6 +284,28 @@ def check_the_loader(original):
     return __init__
 
 
+def check_each_batch(original):
+    """``DistModel.__call__``: the batch a step is given holds as many samples as the mode's
+    first step's (:func:`~pipesplit.passes.engine.loader_checks.check_batch`), checked on
+    every rank alike before the step runs: a loader's short last batch is refused at the
+    step that draws it, not at ``to_static`` (a trainer stopping at ``max_steps`` never draws
+    it)."""
+    def __call__(self, *args):
+        state = served_state(self._engine)
+        planned = None if state is None else state.modes.get(self._mode)
+        if planned is not None:
+            dims = leading_dims([t for a in args
+                                 for t in (a if isinstance(a, (list, tuple)) else [a])])
+            if planned.batch_dims is None:
+                planned.batch_dims = dims
+            engine = self._engine
+            names = [spec.name for spec in _as_list(engine._inputs_spec)
+                     + _as_list(engine._labels_spec)]
+            check_batch(dims, planned.batch_dims, names, planned.steps, self._mode)
+        return original(self, *args)
+    return __call__
+
+
 def note_a_sharded_loader(original):
     """``Engine._prepare_data_spec_from_dataloader``: called for a ``dist.shard_dataloader``
     only, whose feeds reach only the meshes it names (a plain loader feeds every rank)."""
@@ -347,13 +371,15 @@ def name_a_failed_step(original):
         mode = kwargs.get("mode") or self._mode
         state = served_state(self)
         planned = None if state is None else state.modes.get(mode)
-        if planned is None or planned.progress is None:
+        if planned is None:
+            return original(self, *args, **kwargs)
+        step = planned.steps
+        planned.steps += 1
+        if planned.progress is None:
             return original(self, *args, **kwargs)
         import paddle
 
         scope = paddle.static.global_scope()
-        step = planned.steps
-        planned.steps += 1
         progress = planned.progress
         progress.start_step(scope, self._place)
         started = time.monotonic()
@@ -515,16 +541,16 @@ def complete_chunk_id(original):
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
         meshes = get_sub_process_mesh_by_program(dist_program)
-        if state.request.vpp < 2:
-            state.shared_parameters = parameters_read_elsewhere(dist_program, meshes, state)
-            return None
-        assign_placement(dist_program, pipeline_strategy, state)
-        check_blocks_on_one_mesh(dist_program, pipeline_strategy.vpp_seg_method, state)
-        token = _COMPLETING_MESHES.set(meshes)
-        try:
-            completed = original(dist_program, startup_program, pipeline_strategy)
-        finally:
-            _COMPLETING_MESHES.reset(token)
+        completed = None
+        if state.request.vpp >= 2:
+            assign_placement(dist_program, pipeline_strategy, state)
+            check_blocks_on_one_mesh(dist_program, pipeline_strategy.vpp_seg_method, state)
+            token = _COMPLETING_MESHES.set(meshes)
+            try:
+                completed = original(dist_program, startup_program, pipeline_strategy)
+            finally:
+                _COMPLETING_MESHES.reset(token)
+        relay_far_values(dist_program, meshes, state.request.placement, state.requested)
         state.shared_parameters = parameters_read_elsewhere(dist_program, meshes, state)
         return completed
     return complete_chunk_id

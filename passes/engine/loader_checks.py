@@ -6,8 +6,13 @@ others then wait for it): an empty loader with ``IndexError: index 0 is out of b
 last batch smaller than the others with a ``ReshapeOp`` error on the first stage and a bare
 ``std::exception`` on the next.  These checks read only the loader's sampler (no data is
 drawn), so every rank reaches the same verdict before any collective.  A loader whose length
-is unknown (an ``IterableDataset``) is not checked.  Labels of the wrong type for the loss are
-found in the engine's whole traced program (every rank holds it), before it is split.
+is unknown (an ``IterableDataset``) is not checked.  A last batch smaller than the others is
+not refused there: a trainer that stops at ``max_steps`` never draws it (Paddle's own
+schedules train such a loader); each batch a step is given is checked instead
+(:func:`check_batch`: the same size as the first), on the global shapes every rank sees
+alike.  Labels of the wrong type
+for the loss are found in the engine's whole traced program (every rank holds it), before it
+is split.
 """
 from __future__ import annotations
 
@@ -38,15 +43,16 @@ class BatchSize:
 
 def check_loader(loader, accumulate_steps: int) -> None:
     """``ValueError`` naming the ``DataLoader`` argument and what to change when ``loader``
-    (a ``paddle.io.DataLoader`` or a ``dist.shard_dataloader``) yields no batch, batches that
-    ``accumulate_steps`` does not divide, or a last batch smaller than the others.  A batch is
+    (a ``paddle.io.DataLoader`` or a ``dist.shard_dataloader``) yields no batch, or batches
+    that ``accumulate_steps`` does not divide: what no step could train.  A short last batch
+    is left to the step that draws it (:func:`check_batch`).  A batch is
     what the sampler yields: ``batch_size`` samples, times its ``_acc_steps`` (Paddle's
     micro-batch sampler convention, :class:`BatchSize`), per rank for a
     ``DistributedBatchSampler``."""
     sizes = _batch_sizes(loader)
     if sizes is None:
         return
-    batches, batch_size, last = sizes
+    batches, batch_size, _last = sizes
     if batches == 0:
         raise ValueError(
             "the DataLoader given to dist.to_static yields no batch (its dataset is empty, or "
@@ -57,12 +63,30 @@ def check_loader(loader, accumulate_steps: int) -> None:
             f"the DataLoader's batches hold {batch_size} samples (on this rank), not a "
             f"multiple of strategy.pipeline.accumulate_steps={accumulate_steps} (every batch "
             "is split into that many micro-batches of one size); change either")
-    if last != batch_size.samples:
-        raise ValueError(
-            f"the DataLoader's last batch has {last} samples and the others {batch_size}: "
-            "the pipeline's program has one micro-batch size, so every batch must be full; "
-            "pass drop_last=True to the BatchSampler / paddle.io.DataLoader (or make the "
-            "dataset's length a multiple of the batch)")
+
+
+def leading_dims(tensors) -> tuple:
+    """The first dimension of each tensor a step is given (its global shape: every rank sees
+    it alike, a rank outside a feed's mesh too); None where it has none."""
+    return tuple(int(t.shape[0]) if getattr(t, "shape", None) else None for t in tensors)
+
+
+def check_batch(dims: tuple, first: tuple, names, step: int, mode: str) -> None:
+    """``ValueError`` before ``mode`` step ``step`` runs when the batch it is given
+    (:func:`leading_dims`, in feed order ``names``) holds another number of samples than the
+    mode's first step had (the sizes the program was traced with: the engine traces it from
+    the loader's first batch): a loader's short last batch, refused by every rank at the same
+    step, before any collective."""
+    for now, then, name in zip(dims, first, list(names) + [None] * len(dims)):
+        if now is not None and then is not None and now != then:
+            raise ValueError(
+                f"{mode} step {step} is given a batch of {now} samples in "
+                f"{name or 'a feed'!r}, but the pipeline's program was built for batches of "
+                f"{then} (every batch is cut into strategy.pipeline.accumulate_steps "
+                "micro-batches of one size): a DataLoader's short last batch; pass "
+                "drop_last=True to the BatchSampler / paddle.io.DataLoader, or stop before "
+                "that batch (pipesplit checks each batch a step is given, not the loader's "
+                "last)")
 
 
 def _batch_sizes(loader) -> Optional[Tuple[int, BatchSize, int]]:

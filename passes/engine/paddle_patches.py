@@ -81,6 +81,7 @@ PATCHES = (
     # the inner one), so it sees whether cpu_support skips DistModel's fleet.init
     Patch(_DIST_MODEL, "__init__", engine_hooks.cpu_support_first, "engine"),
     Patch(_DIST_MODEL, "__init__", engine_hooks.check_the_loader, "engine"),
+    Patch(_DIST_MODEL, "__call__", engine_hooks.check_each_batch, _ROUTES),
     # the names of the models built after a DistModel (see keep_the_name_generator)
     *(Patch(_DIST_MODEL, name, engine_hooks.keep_the_name_generator, _ROUTES)
       for name in ("__init__", "train", "eval", "predict")),

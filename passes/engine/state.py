@@ -78,6 +78,7 @@ class ModePlan:
     #: the engine fields it keeps ONE copy of for all modes, as this mode set them
     engine_fields: Dict[str, object]
     steps: int = 0               # steps run in this mode
+    batch_dims: Optional[tuple] = None  # the first step's batch sizes (loader_checks)
 
     @property
     def plan(self):

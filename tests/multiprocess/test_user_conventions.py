@@ -47,6 +47,16 @@ TWO_PROCESSES = [
     # a tied embedding: the weight crosses once per step in train and in eval
     {"tag": "1F1B_tied_modes", "schedule": "1F1B", "tie": True, "toggle_modes": True},
     {"tag": "VPP_tied_modes", "schedule": "VPP", "vpp": 2, "tie": True, "toggle_modes": True},
+    # PaddleNLP's pretraining script: the model made under paddle.LazyGuard() and each
+    # parameter initialized (another stage's has a shape and no bytes), a loader without
+    # drop_last whose short last batch the trainer's max_steps never draws
+    {"tag": "ZBV_lazy_short_last_batch", "schedule": "ZBV", "vpp": 2, "lazy": True,
+     "extra_samples": 3},
+    # inputs fed on a later stage's mesh than the one that reads them: no forward transfer
+    # can carry them there; refused on every rank before anything runs
+    {"tag": "1F1B_inputs_on_the_last_stage", "schedule": "1F1B", "inputs_stage": 1,
+     "expect_error": "ValueError: strategy.pipeline.schedule_mode='1F1B': 'input0' is fed on "
+                     "stage mesh [1], but what reads it runs on stage mesh [0]"},
 ]
 
 #: 4 processes: dp2 x pp2 and mp2 x pp2
@@ -58,6 +68,15 @@ FOUR_PROCESSES = [
     # a memory budget priced by every process's measured step (the worst of each stage's dp
     # pair); ample, so the re-plan searches under it and trains as the reference
     {"tag": "dp2pp2_auto_memory_budget", "schedule": "auto", "dp": 2, "memory_budget": "1GB"},
+    # pp 4: labels fed on an inner stage's mesh (Paddle's Llama test feeds them on stage 1's)
+    # or on the last while a V placement computes the loss on rank 0: relayed through every
+    # stage between; lazily made parameters on four stages
+    {"tag": "pp4_1F1B_labels_on_stage1", "schedule": "1F1B", "pp": 4, "labels_stage": 1},
+    {"tag": "pp4_VPP_labels_on_stage1", "schedule": "VPP", "vpp": 2, "pp": 4, "layers": 8,
+     "labels_stage": 1},
+    {"tag": "pp4_ZBV_labels_on_the_last", "schedule": "ZBV", "vpp": 2, "pp": 4, "layers": 8},
+    {"tag": "pp4_ZBH1_lazy_labels_on_stage2", "schedule": "ZBH1", "pp": 4, "labels_stage": 2,
+     "lazy": True, "extra_samples": 5},
     # sequence parallel cannot run on a CPU build: refused on every rank before anything runs
     {"tag": "mp2pp2_ZBV_sequence_parallel", "schedule": "ZBV", "vpp": 2, "mp": 2,
      "sequence_parallel": True,

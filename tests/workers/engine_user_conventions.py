@@ -51,6 +51,13 @@ DEFAULTS = {
                                   # onto the last stage's mesh (a tied embedding)
     "memory_budget": None,        # auto: use_memory_budget(strategy, this), the one more
                                   # pipesplit line such a user adds
+    "labels_stage": None,         # the stage mesh the loader feeds the labels on (None: the
+                                  # last; Paddle's Llama test: get_mesh(1), whatever the pp)
+    "inputs_stage": 0,            # the stage mesh the loader feeds the inputs on
+    "lazy": False,                # the model made under paddle.LazyGuard(), then each
+                                  # parameter initialized (PaddleNLP's pretraining script)
+    "extra_samples": 0,           # samples past the last full batch: a short last batch that
+                                  # the loop, stopping at `steps` (max_steps), never draws
     "hidden": 16, "heads": 2, "vocab": 32, "seq": 8, "lr": 1e-3, "clip": 1.0, "seed": 2024,
 }
 
@@ -157,6 +164,9 @@ class TinyLlama(nn.Layer):
             self.head = place(self.create_parameter([cfg["hidden"], cfg["vocab"]]), last, mp=1)
 
     def forward(self, ids):
+        if self.distributed and ids.process_mesh != get_mesh(0):
+            # (ids fed on another stage's mesh: the user moves them to the embedding's)
+            ids = dist.reshard(ids, get_mesh(0), placements(get_mesh(0), dp=0))
         x = self.embed(ids)
         s = ids.shape[1]
         mask = paddle.triu(paddle.full([s, s], -1e4, "float32"), diagonal=1)[None, None]
@@ -252,19 +262,32 @@ def train(cfg):
     cpu_support.enable()
     dist.auto_parallel.set_mesh(make_global_mesh(cfg))
     paddle.seed(cfg["seed"])
-    model, criterion = TinyLlama(cfg, True), Criterion(cfg, True)
+    if cfg["lazy"]:
+        # convention (PaddleNLP's run_pretrain_auto.py): built under LazyGuard, then each
+        # parameter initialized (another stage's keeps its shape and no bytes)
+        with paddle.LazyGuard():
+            model, criterion = TinyLlama(cfg, True), Criterion(cfg, True)
+        for param in model.parameters():
+            param.initialize()
+        _same_start_as_the_reference(cfg, model)
+    else:
+        model, criterion = TinyLlama(cfg, True), Criterion(cfg, True)
     lr_scheduler, optimizer = make_optimizer(cfg, model)
-    dataset = RandomTokens(cfg, cfg["steps"] * cfg["micro"] * cfg["acc"])
+    dataset = RandomTokens(cfg, cfg["steps"] * cfg["micro"] * cfg["acc"] + cfg["extra_samples"])
+    labels_stage = cfg["pp"] - 1 if cfg["labels_stage"] is None else cfg["labels_stage"]
     if cfg["loader"] == "sampler":
         # convention: a sampler of micro-batches, _acc_steps of them per batch; the loader
-        # sharded over dp onto the first and last stage meshes (a mesh without a "dp" dim,
-        # filtered at dp 1, has nothing to shard over)
-        sampler = BatchSampler(dataset, batch_size=cfg["micro"], shuffle=False, drop_last=True)
+        # sharded over dp onto the first and the labels' stage mesh (a mesh without a "dp"
+        # dim, filtered at dp 1, has nothing to shard over); the last batch kept whole or not
+        # (PaddleNLP's trainer: drop_last False, stopping at max_steps)
+        sampler = BatchSampler(dataset, batch_size=cfg["micro"], shuffle=False,
+                               drop_last=not cfg["extra_samples"])
         sampler._acc_steps = cfg["acc"]
         has_dp = "dp" in dist.auto_parallel.get_mesh().dim_names
         loader = dist.shard_dataloader(
             DataLoader(dataset, batch_sampler=sampler, num_workers=0),
-            meshes=[get_mesh(0), get_mesh(cfg["pp"] - 1)], shard_dims="dp" if has_dp else None)
+            meshes=[get_mesh(cfg["inputs_stage"]), get_mesh(labels_stage)],
+            shard_dims="dp" if has_dp else None)
     else:  # convention: a plain DataLoader of whole batches, fed to every rank
         loader = DataLoader(dataset, batch_size=cfg["micro"] * cfg["acc"], shuffle=False)
     dist_model = dist.to_static(model, loader, criterion, optimizer,
@@ -274,6 +297,8 @@ def train(cfg):
     dist_model.train()
     losses, eval_losses = [], []
     for step, (input_ids, labels) in enumerate(loader()):
+        if step == cfg["steps"]:  # convention: the trainer's max_steps
+            break
         if cfg["toggle_modes"] and step == 1:  # evaluate between two training steps
             dist_model.eval()
             got = dist_model(input_ids, labels)
@@ -287,6 +312,20 @@ def train(cfg):
     return losses, eval_losses, dist_model
 
 
+def _same_start_as_the_reference(cfg, model):
+    """(For the comparison only, as PaddleNLP's peer shim's PNLP_SAME_INIT.)  Lazy
+    initialization draws each stage's parameters from an RNG state named after its mesh, so
+    the weights differ from the eager reference's: give each rank's parameters the
+    reference's starting values; another stage's, with no bytes here, stay as they are."""
+    paddle.seed(cfg["seed"])
+    start = TinyLlama(cfg, False).state_dict()
+    rank = dist.get_rank()
+    for name, param in model.state_dict().items():
+        local = param._local_value() if param.is_dist() else param
+        if local._is_initialized():
+            local.set_value(reference_slice(start[name].numpy(), param, rank))
+
+
 # -- the check: a one-process reference with the same micro-batches ------------------------
 
 def reference(cfg, dp_index):
@@ -298,7 +337,7 @@ def reference(cfg, dp_index):
     paddle.seed(cfg["seed"])
     model, criterion = TinyLlama(cfg, False), Criterion(cfg, False)
     lr_scheduler, optimizer = make_optimizer(cfg, model)
-    data = RandomTokens(cfg, cfg["steps"] * cfg["micro"] * cfg["acc"])
+    data = RandomTokens(cfg, cfg["steps"] * cfg["micro"] * cfg["acc"] + cfg["extra_samples"])
     dp = cfg["dp"] if cfg["loader"] == "sampler" else 1
     part = cfg["micro"] // dp
     losses, eval_losses = [], []
