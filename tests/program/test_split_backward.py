@@ -22,7 +22,11 @@ from pipesplit.ir_utils.split_backward import (
     split_backward,
 )
 
-paddle.enable_static()
+
+@pytest.fixture(autouse=True)
+def _static(static_mode):
+    """Every test here builds static programs (a module-level enable_static() held only until
+    another module's test, run before these in the same worker, went back to dynamic mode)."""
 
 
 # --------------------------------------------------------------------------- builders
