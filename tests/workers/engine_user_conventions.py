@@ -164,7 +164,7 @@ class TinyLlama(nn.Layer):
             self.head = place(self.create_parameter([cfg["hidden"], cfg["vocab"]]), last, mp=1)
 
     def forward(self, ids):
-        if self.distributed and ids.process_mesh != get_mesh(0):
+        if self.distributed and ids.is_dist() and ids.process_mesh != get_mesh(0):
             # (ids fed on another stage's mesh: the user moves them to the embedding's)
             ids = dist.reshard(ids, get_mesh(0), placements(get_mesh(0), dp=0))
         x = self.embed(ids)
