@@ -5,9 +5,11 @@ through pipesplit's schedules, several in ONE launch (starting Paddle costs seco
         --dp 1 --mp 2 --pp 4 CONFIGS.json OUT_DIR
     python paddle_llama_test.py reference OUT.json       # one process, no meshes
 
-CONFIGS.json is a list of ``{"tag", "schedule", "vpp"}``; every rank writes
+CONFIGS.json is a list of ``{"tag", "schedule", "vpp", "nccl"}``; every rank writes
 ``OUT_DIR/<tag>.rank<r>.json``: the loss each step returned (or None) and, per forward job of
-its plan, the values it sends on (name, dtype, shape), which shows a value relayed past a stage.
+its plan, the values it sends on (name, dtype, shape), which shows a value relayed past a stage;
+with ``nccl``, also the p2p ops of each comm job of the NCCL plan built from the same engine
+program (on a CPU build: read, not run).
 
 ``train`` is the test's ``run_llama()`` as it is written: the test's strategy (``apply_pass``),
 ``create_optimizer`` (AdamW, ``ClipGradByGlobalNorm(1.0)``), ``LinearWarmup`` stepped by hand,
@@ -29,6 +31,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,8 +110,10 @@ def train(args) -> int:
             loader = dist.shard_dataloader(
                 dataloader=DataLoader(dataset, batch_sampler=sampler, num_workers=0),
                 meshes=[T.get_mesh(0), T.get_mesh(1)], shard_dims="dp")
+            started = time.monotonic()
             dist_model = dist.to_static(model, loader, criterion, optimizer, strategy=strategy)
             dist_model.train()
+            built = time.monotonic()
             losses = []
             for step, (input_ids, labels) in enumerate(loader()):
                 if step >= STEPS:
@@ -117,12 +122,38 @@ def train(args) -> int:
                 lr_scheduler.step()
                 losses.append(None if loss is None
                               else np.asarray(loss, np.float64).reshape(-1).tolist())
-            plan = engine_state(dist_model._engine).modes["train"].pipeline
+            state = engine_state(dist_model._engine)
+            plan = state.modes["train"].pipeline
             record = {"tag": cfg["tag"], "rank": dist.get_rank(), "losses": losses,
-                      "sent_on": _sent_on(plan.split.programs)}
+                      "sent_on": _sent_on(plan.split.programs),
+                      "build_s": built - started, "steps_s": time.monotonic() - built,
+                      "nccl": _nccl_comm(plan, state) if cfg.get("nccl") else None}
             (out / f"{cfg['tag']}.rank{dist.get_rank()}.json").write_text(json.dumps(record))
             del dist_model
     return 0
+
+
+def _nccl_comm(plan, state) -> dict:
+    """The p2p ops (ring, peer, shape) of each comm job of the NCCL plan of this rank, built
+    from the engine program the CPU plan was built from."""
+    from pipesplit.passes.engine.engine_rank import build_engine_rank_plan
+    from pipesplit.passes.transport.devices import transport_for
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+    from _structure import describe  # noqa: E402
+
+    import paddle
+
+    paddle.enable_static()  # (as inside the engine's pass; a step leaves dynamic mode on)
+    try:
+        nccl = build_engine_rank_plan(plan.source_program, plan.config, transport_for("gpu"),
+                                      state.pipe, shared=state.shared_parameters)
+    finally:
+        paddle.disable_static()
+    return {job_type: [op for op in describe(program)
+                       if op["op"] in ("pd_op.send_v2", "pd_op.recv_v2")]
+            for job_type, program in nccl.split.programs.items()
+            if job_type.startswith(("send_", "recv_"))}
 
 
 def _sent_on(programs) -> dict:
