@@ -56,10 +56,6 @@ class SplitProgram:
         if self.accumulation is not None:
             self.accumulation.init_scope(scope, place)
 
-    def handoff_names(self, job_type: str) -> FrozenSet[str]:
-        return frozenset(h.name for h in self.handoffs.values()
-                         if h.producer == job_type or job_type in h.consumers)
-
 
 def split_chunks(num_chunks: int, split_backward) -> FrozenSet[int]:
     """The chunks whose backward is split: ``split_backward`` True (all), False (none) or the

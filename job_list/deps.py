@@ -97,10 +97,6 @@ class DependencyGraph:
         stage = self._stage_of.get((rank, chunk))
         return self.schedule.placement.stage(rank, chunk) if stage is None else stage
 
-    def key_id(self, key: JobKey) -> int:
-        """Id of the compute job ``key`` (-1 if no rank runs it)."""
-        return self._id_of.get(key, -1)
-
     def resolve_id(self, key: JobKey) -> int:
         """:meth:`resolve` as a key id (-1 if no rank runs it): kind BACKWARD means B, else I."""
         stage, kind, mb = key

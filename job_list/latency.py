@@ -51,10 +51,6 @@ class SimResult:
     def max_peak_memory(self) -> float:
         return max(self.peak_memory)
 
-    def start_of(self) -> Dict[Tuple[int, int], float]:
-        """(rank, index in the rank's list) -> start time, compute jobs only."""
-        return {(t.rank, t.index): t.start for row in self.timeline for t in row}
-
 
 def checked_costs(schedule: Schedule, costs: Optional[Costs]) -> Costs:
     """``costs`` (default ``Costs()``) once the arguments of a simulation are checked."""
