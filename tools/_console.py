@@ -30,7 +30,8 @@ def quiet_paddle() -> None:
     (call before importing paddle; ``GLOG_minloglevel`` set by the user wins)."""
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore", message="No ccache found")
-    warnings.filterwarnings("ignore", message="Tensor do not have 'place'")
+    # (3.3's wording, then 3.1's and 3.2's)
+    warnings.filterwarnings("ignore", message="(Tensor|Value) do not have 'place'")
 
 
 def run_reporting_errors(command: str, body: Callable[[], int]) -> int:

@@ -66,6 +66,13 @@ REFERENCES = [{"tag": "reference", "reference": True, "eval": 2},
 
 
 def _require_paddleformers():
+    import paddle
+
+    from pipesplit.passes._paddle import paddleformers_cannot_run
+
+    why = paddleformers_cannot_run(paddle.__version__)
+    if why:  # its own code fails there, before pipesplit runs: its tests run on Paddle 3.3
+        pytest.skip(f"PaddleFormers 0.4.0 cannot run on Paddle {paddle.__version__}: {why}")
     try:
         import paddleformers  # noqa: F401
     except ImportError:
