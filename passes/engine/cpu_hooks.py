@@ -267,8 +267,12 @@ def _serve_store(timeout: int):
     import socket
 
     flag = "FLAGS_tcp_store_using_libuv"
-    libuv = paddle.get_flags(flag)[flag]
-    paddle.set_flags({flag: False})
+    try:
+        libuv = paddle.get_flags(flag)[flag]
+    except ValueError:  # Paddle 3.1 / 3.2: no libuv store (nor its flag): the plain server
+        libuv = None
+    if libuv is not None:
+        paddle.set_flags({flag: False})
     try:
         for attempt in range(_STORE_PORT_TRIES):
             with socket.socket() as probe:
@@ -280,4 +284,5 @@ def _serve_store(timeout: int):
                 if attempt == _STORE_PORT_TRIES - 1:
                     raise
     finally:
-        paddle.set_flags({flag: libuv})
+        if libuv is not None:
+            paddle.set_flags({flag: libuv})
