@@ -45,7 +45,14 @@ def emulated_job_order(schedule: Schedule, costs=None, sequence=None) -> List[Tu
 def split_and_schedule(main_program, startup_program, config: PipelineConfig,
                        built: Optional[Schedule] = None) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts.
-    ``built``: the schedule a check already built for this config (see ``open_schedule``)."""
+    ``built``: the schedule a check already built for this config (see ``open_schedule``).
+    The ops are made as static ones whatever Paddle's mode (a pass applied from a dygraph
+    script: ``paddle._C_ops`` would take the program's values for eager tensors)."""
+    with paddle.base.framework._dygraph_guard(None):
+        return _split_and_schedule(main_program, startup_program, config, built)
+
+
+def _split_and_schedule(main_program, startup_program, config, built):
     check_pass_inputs(main_program, startup_program, config)
     if config.pp_stage is not None:
         return build_rank_plan(main_program, startup_program, config, built=built)

@@ -189,6 +189,21 @@ def test_demo_bad_argument_is_one_line():
     assert "Traceback" not in result.stderr and "--pp must be >= 1" in result.stderr
 
 
+def test_the_pass_applied_in_dynamic_mode_makes_static_ops():
+    """A pass applied from a dygraph script (Paddle's default mode): the split's ops are made
+    as static ones, and the script stays in dynamic mode."""
+    built = model("mlp", "sgd", 4, 8)  # (leaves static mode)
+    paddle.disable_static()
+    try:
+        zbv = new_pass("pipeline_scheduler_ZBV", {"num_micro_batches": 4, "pp_degree": 2,
+                                                 "vpp_degree": 2})
+        plan = zbv.apply([built.main], [built.startup], PassContext()).get_attr("plan")
+        assert paddle.in_dynamic_mode()
+    finally:
+        paddle.enable_static()
+    assert plan.micro_batch_num() == 4 and plan.job_list()[-1].type() == "optimizer"
+
+
 def test_unsupported_paddle_version_is_refused_clearly(monkeypatch):
     from pipesplit.passes._paddle import require_supported_paddle
 
