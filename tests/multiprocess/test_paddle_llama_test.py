@@ -52,7 +52,7 @@ def runs(tmp_path_factory):
                           cwd=work, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     configs = [{"tag": name, "schedule": name, "vpp": VPP_OF.get(name, 1),
-                "nccl": name in NCCL_PLANS} for name in SCHEDULES]
+                "gpu_plan": name in NCCL_PLANS} for name in SCHEDULES]
     (work / "configs.json").write_text(json.dumps(configs))
     launched = launch(work, SCRIPT, "train", "--dp", DP, "--mp", MP, "--pp", PP,
                       work / "configs.json", work / "out", nproc=DP * MP * PP, timeout=1800)
@@ -95,7 +95,7 @@ def test_the_nccl_plans_send_the_labels_to_the_next_stage_only(runs, name):
     mp coordinate), and the next stage's recv job the matching recv_v2."""
     _, records = runs
     for process in range(DP * MP * PP):
-        rank, nccl = _stage_of(process), records[(name, process)]["nccl"]
+        rank, nccl = _stage_of(process), records[(name, process)]["gpu_plan"]
         for job, ops in nccl.items():
             labels = [op for op in ops if op["shape"] == [2, 8]]
             chunk = int(job[len(job.rstrip("0123456789")):])
@@ -108,7 +108,7 @@ def test_the_nccl_plans_send_the_labels_to_the_next_stage_only(runs, name):
             assert process in ring and len(ring) == 2, (name, process, labels)
             peer = next(p for p in ring if p != process)
             assert peer % MP == process % MP and _stage_of(peer) != rank, (name, process, peer)
-            received = [op for j, op_list in records[(name, peer)]["nccl"].items()
+            received = [op for j, op_list in records[(name, peer)]["gpu_plan"].items()
                         if j.startswith("recv_forward") for op in op_list
                         if op["shape"] == [2, 8]]
             assert len(received) == 1 and received[0]["op"] == "pd_op.recv_v2", (name, peer)

@@ -5,10 +5,10 @@ through pipesplit's schedules, several in ONE launch (starting Paddle costs seco
         --dp 1 --mp 2 --pp 4 CONFIGS.json OUT_DIR
     python paddle_llama_test.py reference OUT.json       # one process, no meshes
 
-CONFIGS.json is a list of ``{"tag", "schedule", "vpp", "nccl"}``; every rank writes
+CONFIGS.json is a list of ``{"tag", "schedule", "vpp", "gpu_plan"}``; every rank writes
 ``OUT_DIR/<tag>.rank<r>.json``: the loss each step returned (or None) and, per forward job of
 its plan, the values it sends on (name, dtype, shape), which shows a value relayed past a stage;
-with ``nccl``, also the p2p ops of each comm job of the NCCL plan built from the same engine
+with ``gpu_plan``, also the p2p ops of each comm job of the NCCL plan built from the same engine
 program (on a CPU build: read, not run).
 
 ``train`` is the test's ``run_llama()`` as it is written: the test's strategy (``apply_pass``),
@@ -127,7 +127,7 @@ def train(args) -> int:
             record = {"tag": cfg["tag"], "rank": dist.get_rank(), "losses": losses,
                       "sent_on": _sent_on(plan.split.programs),
                       "build_s": built - started, "steps_s": time.monotonic() - built,
-                      "nccl": _nccl_comm(plan, state) if cfg.get("nccl") else None}
+                      "gpu_plan": _nccl_comm(plan, state) if cfg.get("gpu_plan") else None}
             (out / f"{cfg['tag']}.rank{dist.get_rank()}.json").write_text(json.dumps(record))
             del dist_model
     return 0
