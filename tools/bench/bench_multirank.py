@@ -554,13 +554,23 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def checked_args(tool: str, argv: Sequence[str], parser: argparse.ArgumentParser,
+                 check) -> Optional[argparse.Namespace]:
+    """A benchmark's ``argv`` parsed and ``check``ed; None where a value is refused, the
+    ``ValueError`` printed as ``tool``'s usage error (the caller exits 2)."""
+    args = parser.parse_args(argv)
+    try:
+        check(args)
+    except ValueError as exc:
+        print(f"{tool}: error: {exc}", file=sys.stderr)
+        return None
+    return args
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = make_parser().parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as exc:
-        print(f"bench_multirank: error: {exc}", file=sys.stderr)
+    args = checked_args("bench_multirank", argv, make_parser(), check_args)
+    if args is None:
         return 2
     if args.worker:
         return worker(args)
