@@ -3,7 +3,6 @@ registry once, and a pipeline pass not at all (``get_spec`` counted at every mod
 imported it by name); a rank is set on a request without checking it all again."""
 from __future__ import annotations
 
-import collections
 import sys
 import types
 
