@@ -1,9 +1,11 @@
-"""Schedules by name: one ``build_schedule`` for every generator.
+"""Schedules by name: one :class:`ScheduleSpec` per generator, found by :func:`get_spec` (the
+one look-up of a name, aliases and case aside), and one ``build`` for every generator.
 
 A generator is a function ``(pp, vpp, m, **options) -> list of per-rank job lists`` (compute jobs
 only).  It raises ``ValueError`` naming the parameter for a configuration its definition cannot
-serve.  ``build_schedule`` checks the common arguments, applies ``split_backward`` and wraps the
-result in a :class:`Schedule`.
+serve.  :meth:`ScheduleSpec.build` checks the common arguments, applies ``split_backward`` and
+wraps the result in a :class:`Schedule`; :func:`build_schedule` is the same by name.  A request
+(:class:`~.request.PipelineConfig`) holds its spec and never looks its name up again.
 """
 from __future__ import annotations
 
