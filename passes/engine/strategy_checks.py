@@ -42,7 +42,8 @@ from pipesplit.passes.engine.user_options import check_memory_budget
 
 paddle = require_supported_paddle()
 
-__all__ = ["INT_FIELDS", "block_sizes", "blocks_per_stage_mesh", "check_fields", "check_gradient_merge", "check_model", "check_strategy", "check_world",
+__all__ = ["INT_FIELDS", "block_sizes", "blocks_per_stage_mesh", "check_fields",
+           "check_gradient_merge", "check_model", "check_strategy", "check_world",
            "checked_request", "checked_schedule"]
 
 _PREFIX = "strategy.pipeline."
