@@ -360,7 +360,8 @@ def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
 # =========================================================================== parent
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from pipesplit.tools.bench.bench_multirank import _without, checked_args, launch_workers
+    from pipesplit.tools._console import checked_args
+    from pipesplit.tools.bench.bench_multirank import _without, launch_workers
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = checked_args("bench_engine", argv, make_parser(), check_args)

@@ -63,6 +63,7 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 from pipesplit.job_list.text import text_table  # noqa: E402
+from pipesplit.tools._console import checked_args  # noqa: E402
 from pipesplit.tools.bench.verdicts import (combine, combined_steps, describe,  # noqa: E402
                                             paired_ratios, ratio_figures)
 
@@ -552,19 +553,6 @@ def format_report(report: dict) -> str:
                      f"({g['auto']['fastest']}; paired steps): {g['auto']['verdict']} "
                      f"({describe(g['auto'])})")
     return "\n".join(lines)
-
-
-def checked_args(tool: str, argv: Sequence[str], parser: argparse.ArgumentParser,
-                 check) -> Optional[argparse.Namespace]:
-    """A benchmark's ``argv`` parsed and ``check``ed; None where a value is refused, the
-    ``ValueError`` printed as ``tool``'s usage error (the caller exits 2)."""
-    args = parser.parse_args(argv)
-    try:
-        check(args)
-    except ValueError as exc:
-        print(f"{tool}: error: {exc}", file=sys.stderr)
-        return None
-    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
