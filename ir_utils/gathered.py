@@ -11,10 +11,8 @@ def is_param(value) -> bool:
     op = value.get_defining_op()
     if op is not None and op.name() == "builtin.parameter":
         return True
-    try:
-        return bool(value.persistable) and not value.stop_gradient
-    except Exception:
-        return False
+    # (every initialized value has both, results and block arguments alike)
+    return bool(value.persistable) and not value.stop_gradient
 
 
 #: the ops of a sharded parameter's all-gather (sharding stage 3: the whole weight gathered

@@ -157,11 +157,14 @@ def _used(value) -> bool:
 
 
 def _shape(value) -> Optional[List[int]]:
+    """The dims of a dense value; None for an uninitialized one, or a vector / non-dense type,
+    whose shape Paddle refuses (``ValueError``: "we can only get shape for dense and select
+    rows type")."""
+    if not value.initialized():
+        return None
     try:
-        if not value.initialized():
-            return None
         return list(value.shape)
-    except Exception:  # vector / non-dense types
+    except ValueError:
         return None
 
 

@@ -72,7 +72,7 @@ from .ir import BACKWARD, BACKWARD_B, BACKWARD_W, Job, Schedule
 from .layout import layout_orders, layout_search
 from .local_search import improve
 from .placement import LOOPED, V_SHAPE, Placement, check_positive_int
-from .registry import build_schedule, get_spec, register_schedule, schedule_names
+from .registry import register_schedule, schedule_specs
 from .search_context import EPS, INF, SearchContext
 from .simulate import simulate
 
@@ -123,14 +123,14 @@ def fixed_candidates(pp: int, vpp: int, m: int, placement: str, costs: Costs):
     ``placement``: split (label = name) and, for the ones that do not split by definition,
     also unsplit (label ``name/B``: every backward a single B job)."""
     out = []
-    for name in schedule_names():
-        spec = get_spec(name)
+    for spec in schedule_specs():
         if spec.searches or spec.placement != placement:
             continue
+        name = spec.name
         variants = [(name, True)] + ([] if spec.splits_backward else [(f"{name}/B", False)])
         for label, split in variants:
             try:
-                schedule = build_schedule(name, pp, vpp, m, split_backward=split)
+                schedule = spec.build(pp, vpp, m, split_backward=split)
                 result = simulate(schedule, costs)
             except ValueError:
                 break  # the schedule cannot serve this configuration

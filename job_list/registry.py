@@ -1,9 +1,11 @@
-"""Schedules by name: one ``build_schedule`` for every generator.
+"""Schedules by name: one :class:`ScheduleSpec` per generator, found by :func:`get_spec` (the
+one look-up of a name, aliases and case aside), and one ``build`` for every generator.
 
 A generator is a function ``(pp, vpp, m, **options) -> list of per-rank job lists`` (compute jobs
 only).  It raises ``ValueError`` naming the parameter for a configuration its definition cannot
-serve.  ``build_schedule`` checks the common arguments, applies ``split_backward`` and wraps the
-result in a :class:`Schedule`.
+serve.  :meth:`ScheduleSpec.build` checks the common arguments, applies ``split_backward`` and
+wraps the result in a :class:`Schedule`; :func:`build_schedule` is the same by name.  A request
+(:class:`~.request.PipelineConfig`) holds its spec and never looks its name up again.
 """
 from __future__ import annotations
 
@@ -36,6 +38,36 @@ class ScheduleSpec:
         this schedule search?"."""
         return accepts_option(self.generator, "memory_limit")
 
+    def placed(self, pp: int, vpp: int) -> Placement:
+        """Where this schedule puts each chunk on ``pp`` ranks of ``vpp`` chunks."""
+        return Placement(self.placement, pp, vpp)
+
+    def accepted_options(self, options: dict) -> dict:
+        """The subset of ``options`` this schedule's generator takes (e.g. only ``auto`` takes
+        ``costs`` and ``memory_limit``)."""
+        return {key: value for key, value in options.items()
+                if accepts_option(self.generator, key)}
+
+    def build(self, pp: int, vpp: int = 1, m: int = 1, *, split_backward: bool = False,
+              **options) -> Schedule:
+        """This compute-only schedule for ``pp`` ranks, ``vpp`` chunks, ``m`` micro-batches
+        (:func:`build_schedule` without the look-up of a name)."""
+        check_positive_int("pp", pp)
+        check_positive_int("vpp", vpp)
+        check_positive_int("m", m)
+        if not isinstance(split_backward, bool):
+            raise TypeError(f"split_backward must be a bool, got {type(split_backward).__name__}")
+        ignored = sorted(set(options) - set(self.accepted_options(options)))
+        if ignored:
+            raise TypeError(f"schedule {self.name!r} takes no option(s) {ignored}")
+        ranks = self.generator(pp, vpp, m, **options)
+        if split_backward and not self.splits_backward:
+            ranks = split_backward_jobs(ranks)
+        return Schedule(name=self.name, pp=pp, vpp=vpp, m=m, placement=self.placed(pp, vpp),
+                        ranks=[list(jobs) for jobs in ranks],
+                        split_backward=split_backward or self.splits_backward,
+                        options=dict(options))
+
 
 _REGISTRY: Dict[str, ScheduleSpec] = {}
 _LOOKUP: Dict[str, str] = {}
@@ -66,10 +98,15 @@ def schedule_names() -> List[str]:
     return list(_REGISTRY)
 
 
+def schedule_specs() -> List[ScheduleSpec]:
+    """Every registered schedule's spec, in registration order (no look-up by name)."""
+    return list(_REGISTRY.values())
+
+
 def searching_schedules() -> List[str]:
     """Canonical names of the schedules that search (:attr:`ScheduleSpec.searches`), in
     registration order."""
-    return [name for name, spec in _REGISTRY.items() if spec.searches]
+    return [spec.name for spec in schedule_specs() if spec.searches]
 
 
 def get_spec(name: str) -> ScheduleSpec:
@@ -106,13 +143,6 @@ def accepts_option(function: Callable, name: str) -> bool:
     return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def accepted_options(name: str, options: dict) -> dict:
-    """The subset of ``options`` that schedule ``name``'s generator takes (e.g. only ``auto``
-    takes ``costs`` and ``memory_limit``)."""
-    generator = get_spec(name).generator
-    return {key: value for key, value in options.items() if accepts_option(generator, key)}
-
-
 def split_backward_jobs(ranks: Sequence[Sequence[Job]]) -> List[List[Job]]:
     """Replace every full backward by backward_b immediately followed by backward_w."""
     out = []
@@ -134,23 +164,10 @@ def build_schedule(name: str, pp: int, vpp: int = 1, m: int = 1, *, split_backwa
 
     Zero-bubble schedules always emit backward_b / backward_w; for the others
     ``split_backward=True`` turns each backward into backward_b followed by backward_w.
-    Extra ``options`` (e.g. ``costs``, ``memory_limit``) go to the generator.
+    Extra ``options`` (e.g. ``costs``, ``memory_limit``) go to the generator.  (A caller that
+    holds the spec already calls :meth:`ScheduleSpec.build`.)
     """
-    spec = get_spec(name)
-    check_positive_int("pp", pp)
-    check_positive_int("vpp", vpp)
-    check_positive_int("m", m)
-    if not isinstance(split_backward, bool):
-        raise TypeError(f"split_backward must be a bool, got {type(split_backward).__name__}")
-    ignored = sorted(set(options) - set(accepted_options(spec.name, options)))
-    if ignored:
-        raise TypeError(f"schedule {spec.name!r} takes no option(s) {ignored}")
-    ranks = spec.generator(pp, vpp, m, **options)
-    if split_backward and not spec.splits_backward:
-        ranks = split_backward_jobs(ranks)
-    return Schedule(name=spec.name, pp=pp, vpp=vpp, m=m, placement=Placement(spec.placement, pp, vpp),
-                    ranks=[list(jobs) for jobs in ranks],
-                    split_backward=split_backward or spec.splits_backward, options=dict(options))
+    return get_spec(name).build(pp, vpp, m, split_backward=split_backward, **options)
 
 
 def serves(name: str, pp: int, vpp: int = 1, m: int = 1) -> bool:

@@ -5,15 +5,14 @@ Every bad value is a ValueError / TypeError naming it.  Pure Python, like all of
 the passes and the engine integration read a request, they do not derive it again."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional, Union
 
 from .bounds import MemoryLimit, checked_memory_limit
 from .costs import Costs
 from .ir import Schedule
 from .placement import Placement, check_positive_int
-from .registry import (ScheduleSpec, accepted_options, build_schedule, get_spec,
-                       searching_schedules)
+from .registry import ScheduleSpec, get_spec, searching_schedules
 from .validate import validate
 
 #: Attributes Paddle's own pipeline passes take, plus pipesplit's.
@@ -34,7 +33,11 @@ ACCUMULATION_MODES = ("avg", "sum")
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    schedule: str
+    """A checked request: the schedule's spec (resolved once, by :meth:`from_attrs`), the sizes
+    and the options.  ``schedule`` is the spec's canonical name; ``placement`` is made with the
+    config from the spec and the degrees.  Nothing here looks a schedule up by name again."""
+
+    spec: ScheduleSpec
     num_micro_batches: int
     pp_degree: int = 1
     vpp_degree: int = 1
@@ -43,25 +46,36 @@ class PipelineConfig:
     grad_accumulation: str = "avg"
     costs: Optional[Costs] = None
     memory_limit: Optional[MemoryLimit] = None
+    #: where the schedule puts each chunk (looped or V) on these degrees
+    placement: Placement = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # (frozen: the one derived field is set as the config is made)
+        object.__setattr__(self, "placement", self.spec.placed(self.pp_degree, self.vpp_degree))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                          if f.repr and f.name != "spec")
+        return f"{type(self).__name__}(schedule={self.schedule!r}, {shown})"
+
+    @property
+    def schedule(self) -> str:
+        """The schedule's canonical name (``"ZBV"`` for ``"zb-v"``)."""
+        return self.spec.name
 
     @property
     def num_stages(self) -> int:
         return self.pp_degree * self.vpp_degree
 
     @property
-    def placement(self) -> Placement:
-        """Where the schedule puts each chunk (looped or V) on these degrees."""
-        return Placement(get_spec(self.schedule).placement, self.pp_degree, self.vpp_degree)
-
-    @property
     def splits_backward(self) -> bool:
         """True when the sub-programs need backward_b / backward_w (asked for or implied)."""
-        return self.split_backward or get_spec(self.schedule).splits_backward
+        return self.split_backward or self.spec.splits_backward
 
     @classmethod
     def from_attrs(cls, schedule: Union[str, ScheduleSpec], attrs: dict) -> "PipelineConfig":
-        """The request ``attrs`` make of ``schedule`` (a name, or the spec a caller resolved
-        it to already), checked."""
+        """The request ``attrs`` make of ``schedule`` (a name, looked up here, or the spec a
+        caller resolved it to already), checked."""
         if not isinstance(attrs, dict):
             raise TypeError(f"pass attrs must be a dict, got {type(attrs).__name__}")
         unknown = sorted(set(attrs) - set(KNOWN_ATTRS))
@@ -76,9 +90,7 @@ class PipelineConfig:
         vpp = check_positive_int("vpp_degree", attrs.get("vpp_degree", 1))
         stage = attrs.get("pp_stage")
         if stage is not None:
-            check_positive_int("pp_stage", stage, minimum=0)
-            if stage >= pp:
-                raise ValueError(f"pp_stage must be < pp_degree ({pp}), got {stage}")
+            check_stage(stage, pp)
         split = attrs.get("split_backward", False)
         if not isinstance(split, bool):
             raise TypeError(f"split_backward must be a bool, got {type(split).__name__}")
@@ -94,16 +106,25 @@ class PipelineConfig:
             costs.check_stages(pp * vpp)
         limit = attrs.get("memory_limit")
         if limit is not None:
-            limit = check_memory_limit(spec.name, limit, pp)
-        return cls(spec.name, m, pp, vpp, stage, split, mode, costs, limit)
+            limit = check_memory_limit(spec, limit, pp)
+        return cls(spec, m, pp, vpp, stage, split, mode, costs, limit)
 
     def replaced(self, **changes) -> "PipelineConfig":
-        """This request with ``changes`` (pass attributes: ``costs``, ``memory_limit``,
-        ``pp_stage`` ...), checked as :meth:`from_attrs` checks every request (costs of
-        pp x vpp stages, a memory limit only for a schedule that searches); never
-        ``dataclasses.replace``, which checks nothing."""
-        attrs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "schedule"}
-        return type(self).from_attrs(self.schedule, {**attrs, **changes})
+        """This request with ``changes`` (pass attributes: ``costs``, ``memory_limit`` ...),
+        checked as :meth:`from_attrs` checks every request (costs of pp x vpp stages, a memory
+        limit only for a schedule that searches); never ``dataclasses.replace``, which checks
+        nothing.  The same request on another rank is :meth:`on_rank`."""
+        attrs = {f.name: getattr(self, f.name) for f in fields(self)
+                 if f.init and f.name != "spec"}
+        return type(self).from_attrs(self.spec, {**attrs, **changes})
+
+    def on_rank(self, rank: Optional[int]) -> "PipelineConfig":
+        """This request on pipeline rank ``rank`` (None: every rank, emulated in one process).
+        Only the rank is checked (an int in [0, pp)): the rest was checked when the request
+        was made, and a rank changes nothing else."""
+        if rank is not None:
+            check_stage(rank, self.pp_degree)
+        return replace(self, pp_stage=rank)
 
     def generator_options(self) -> dict:
         """The options the schedule's generator takes from this request (costs, memory limit)."""
@@ -112,14 +133,13 @@ class PipelineConfig:
             options["costs"] = self.costs
         if self.memory_limit is not None:
             options["memory_limit"] = self.memory_limit
-        return accepted_options(self.schedule, options)
+        return self.spec.accepted_options(options)
 
     def build(self) -> Schedule:
         """The compute schedule this request asks for, built (the ``auto`` search run), not
         yet validated: a strategy check keeps it for the plan opening."""
-        return build_schedule(self.schedule, self.pp_degree, self.vpp_degree,
-                              self.num_micro_batches, split_backward=self.split_backward,
-                              **self.generator_options())
+        return self.spec.build(self.pp_degree, self.vpp_degree, self.num_micro_batches,
+                               split_backward=self.split_backward, **self.generator_options())
 
     def built(self, schedule: Schedule) -> bool:
         """Whether ``schedule`` is what :meth:`build` gives (the same schedule, sizes, B / W
@@ -138,16 +158,24 @@ def make_schedule(config: PipelineConfig) -> Schedule:
     return schedule
 
 
-def check_memory_limit(schedule: str, limit, pp: int) -> MemoryLimit:
+def check_stage(stage, pp: int) -> int:
+    """``pp_stage`` checked: an int in [0, ``pp``)."""
+    check_positive_int("pp_stage", stage, minimum=0)
+    if stage >= pp:
+        raise ValueError(f"pp_stage must be < pp_degree ({pp}), got {stage}")
+    return stage
+
+
+def check_memory_limit(spec: ScheduleSpec, limit, pp: int) -> MemoryLimit:
     """``memory_limit`` checked (:func:`~.bounds.checked_memory_limit`: a finite number > 0,
     or one per pipeline rank), given to a schedule that searches under it.
 
     A fixed schedule (1F1B, ZBV ...) has the peak its order implies; a limit it would ignore is
     refused rather than dropped, so a run never looks limited when it is not."""
     limit = checked_memory_limit(limit, pp)
-    takers = searching_schedules()
-    if schedule not in takers:
-        raise ValueError(f"memory_limit is not used by schedule {schedule}: only {takers} "
-                         f"search under a memory limit; {schedule}'s peak is fixed by its order "
-                         f"(drop memory_limit, or use one of {takers})")
+    if not spec.searches:
+        takers = searching_schedules()
+        raise ValueError(f"memory_limit is not used by schedule {spec.name}: only {takers} "
+                         f"search under a memory limit; {spec.name}'s peak is fixed by its "
+                         f"order (drop memory_limit, or use one of {takers})")
     return limit

@@ -10,7 +10,7 @@ import shutil
 import sys
 import time
 import warnings
-from typing import Callable, Iterator, Optional, TextIO
+from typing import Callable, Iterator, Optional, Sequence, TextIO
 
 #: grid width when stdout is not a terminal (pipes, files, README blocks)
 DEFAULT_WIDTH = 160
@@ -145,3 +145,16 @@ def quiet_pipe_main(main: Callable[..., int]) -> Callable[..., int]:
         with exit_quietly_on_closed_pipe():
             return main(*args, **kwargs)
     return wrapped
+
+
+def checked_args(tool: str, argv: Sequence[str], parser: argparse.ArgumentParser,
+                 check: Callable[[argparse.Namespace], None]) -> Optional[argparse.Namespace]:
+    """A benchmark's ``argv`` parsed and ``check``ed; None where a value is refused, the
+    ``ValueError`` printed as ``tool``'s usage error (the caller exits 2)."""
+    args = parser.parse_args(argv)
+    try:
+        check(args)
+    except ValueError as exc:
+        print(f"{tool}: error: {exc}", file=sys.stderr)
+        return None
+    return args

@@ -305,11 +305,10 @@ def _checked_output(path: Optional[str]) -> None:
 
 
 def _print_table(rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for k, row in enumerate(rows):
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
-        if k == 0:
-            print("  ".join("-" * w for w in widths))
+    """``rows`` (a header first) as text, every column aligned left."""
+    from pipesplit.job_list.text import text_table
+
+    print(text_table(rows, left=range(len(rows[0]))))
 
 
 # --------------------------------------------------------------------------- parser

@@ -199,7 +199,8 @@ def _profiled_attrs(args, model) -> dict:
     limit = getattr(args, "memory_limit", None)
     if not getattr(args, "profile", False) and limit is None:
         return {}
-    from pipesplit.passes.measure.profile import format_bytes, parse_memory
+    from pipesplit.job_list.text import format_bytes
+    from pipesplit.passes.measure.profile import parse_memory
 
     attrs = {}
     if limit is not None:

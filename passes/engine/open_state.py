@@ -6,8 +6,7 @@ request once (:func:`~.strategy_config.resolve_request`); every later hook reads
 from __future__ import annotations
 
 from pipesplit.passes.engine.state import EngineState, options_of
-from pipesplit.passes.engine.strategy_config import resolve_request
-from pipesplit.passes.engine.user_options import check_memory_budget, measured_step
+from pipesplit.passes.engine.user_options import measured_step
 
 #: ``strategy.pipeline.pp_degree`` when the user leaves it alone (Paddle's default)
 _DEFAULT_PP_DEGREE = 1
@@ -48,30 +47,37 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
         merge.k_steps = pipeline.accumulate_steps
 
 
+def check_and_fill_in(strategy, model, world_size: int) -> None:
+    """The opening's checks of ``strategy`` (the whole ``paddle.distributed.Strategy``), in
+    their order: the field types, the gradient merge, what Paddle derives filled in (the
+    checks after it read ``pp_degree``), the world of ``world_size`` processes, the model."""
+    from pipesplit.passes.engine.strategy_checks import (check_fields, check_gradient_merge,
+                                                         check_model, check_world)
+
+    pipeline = strategy.pipeline
+    check_fields(pipeline)
+    check_gradient_merge(strategy)
+    fill_in_what_paddle_derives(strategy, model)
+    check_world(pipeline, world_size)
+    check_model(pipeline, model)
+
+
 def open_engine_state(engine) -> EngineState:
-    """The engine-init hook's one reading of the engine's strategy: the checks (field types,
-    the gradient merge, the world, the model, the schedule), with what Paddle derives filled
-    in between the field types and the checks that read ``pp_degree``; the request resolved
-    once into an :class:`~.state.EngineState` (not yet attached)."""
+    """The engine-init hook's one reading of the engine's strategy: the checks
+    (:func:`check_and_fill_in`), then the request resolved once, its memory budget checked and
+    its schedule built (:func:`~.strategy_checks.checked_request`), into an
+    :class:`~.state.EngineState` (not yet attached)."""
     import paddle
     import paddle.distributed as dist
 
-    from pipesplit.passes.engine.strategy_checks import (block_sizes, check_fields,
-                                                         check_gradient_merge, check_model,
-                                                         check_world, checked_schedule)
+    from pipesplit.passes.engine.strategy_checks import block_sizes, checked_request
     from pipesplit.passes.engine.surgery import placements_of
     from pipesplit.passes.transport.devices import transport_for
 
     pipeline = engine._strategy.pipeline
-    check_fields(pipeline)
-    check_gradient_merge(engine._strategy)
-    fill_in_what_paddle_derives(engine._strategy, engine._model)
-    check_world(pipeline, dist.get_world_size())
-    check_model(pipeline, engine._model)
-    request = resolve_request(pipeline, None, block_sizes(pipeline, engine._model))
-    check_memory_budget(pipeline, request)
-    return EngineState(request=request, checked=checked_schedule(request),
-                       options=options_of(pipeline),
+    check_and_fill_in(engine._strategy, engine._model, dist.get_world_size())
+    request, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
+    return EngineState(request=request, checked=checked, options=options_of(pipeline),
                        measure_step=measured_step(pipeline, request),
                        user_placements=placements_of(engine._model),
                        parameter_names=frozenset(p.name for p in engine._model.parameters()),

@@ -12,12 +12,16 @@ words (strategy fields, processes, layer classes):
 * :func:`check_fields` - the field types and ranges (no silent ``int()`` truncation);
 * :func:`check_world` - ``pp_degree`` against the processes of the job;
 * :func:`check_model` - ``vpp_seg_method`` against the model's layer classes and block count;
-* :func:`check_engine_strategy` - the three, in that order;
 * :func:`check_gradient_merge` - a user's gradient merge only as Paddle runs it (the
   pipeline's own, ``k_steps = accumulate_steps``);
-* :func:`check_strategy` - the request the section makes
-  (:func:`~.strategy_config.resolve_request`) and the schedule it names, built once for pp /
-  vpp / micro-batches (:func:`checked_request`, :func:`checked_schedule`).
+* :func:`checked_request` - the request the section makes
+  (:func:`~.strategy_config.resolve_request`), its memory budget, and the schedule it names,
+  built once for pp / vpp / micro-batches (:func:`checked_schedule`);
+* :func:`check_strategy` - the user's check before ``to_static``: :func:`check_fields`, then
+  :func:`checked_request`.
+
+The engine's opening runs them in one order (:func:`~.open_state.check_and_fill_in`, then
+:func:`checked_request`); the tests call those two.
 
 Beside them, what the model check counts: the blocks the user placed on each stage mesh
 (:func:`blocks_per_stage_mesh`, :func:`block_sizes`).  The checks only read the strategy: they
@@ -34,11 +38,12 @@ from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.engine.state import Request, state_of
 from pipesplit.passes.engine.strategy_config import resolve_request, said_in_strategy_terms
+from pipesplit.passes.engine.user_options import check_memory_budget
 
 paddle = require_supported_paddle()
 
-__all__ = ["INT_FIELDS", "block_sizes", "blocks_per_stage_mesh", "check_engine_strategy",
-           "check_fields", "check_gradient_merge", "check_model", "check_strategy", "check_world",
+__all__ = ["INT_FIELDS", "block_sizes", "blocks_per_stage_mesh", "check_fields",
+           "check_gradient_merge", "check_model", "check_strategy", "check_world",
            "checked_request", "checked_schedule"]
 
 _PREFIX = "strategy.pipeline."
@@ -268,16 +273,6 @@ def check_model(pipeline_strategy, model) -> None:
         _check_block_count(pipeline_strategy, blocks)
 
 
-def check_engine_strategy(pipeline_strategy, model, world_size: int) -> None:
-    """Everything pipesplit can check of the engine user's ``strategy.pipeline`` before the
-    engine builds anything: :func:`check_fields` first (the later checks trust the types), then
-    :func:`check_world` and :func:`check_model`.  ``world_size``:
-    ``paddle.distributed.get_world_size()``.  Reads the strategy only."""
-    check_fields(pipeline_strategy)
-    check_world(pipeline_strategy, world_size)
-    check_model(pipeline_strategy, model)
-
-
 #: ``strategy.gradient_merge.k_steps`` when the user leaves it alone (Paddle's default)
 _DEFAULT_K_STEPS = 1
 
@@ -308,19 +303,25 @@ def check_gradient_merge(strategy) -> None:
 
 def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> PipelineConfig:
     """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything:
-    an unknown schedule name, or pp / vpp / micro-batches the schedule cannot serve
-    (``ValueError`` naming the strategy field and the constraint).  Returns the config (no
-    rank); :func:`checked_request` also returns the schedule built for the check."""
+    the checks of an engine's opening that read the section alone, in its order
+    (:func:`check_fields`, then :func:`checked_request`): a field of the wrong type, an
+    unknown schedule name, pp / vpp / micro-batches the schedule cannot serve, a memory budget
+    it cannot take (``ValueError`` / ``TypeError`` naming the strategy field).  Returns the
+    config (no rank); an engine's section, the one its opening checked."""
+    state = state_of(pipeline_strategy)
+    if state is not None:
+        return state.config
+    check_fields(pipeline_strategy)
     return checked_request(pipeline_strategy, blocks)[0].config
 
 
 def checked_request(pipeline_strategy, blocks: Optional[list] = None):
     """(request, schedule): the section's :class:`~.state.Request` (no rank) and the schedule
-    :func:`checked_schedule` built for it (an engine's: those its state keeps)."""
-    state = state_of(pipeline_strategy)
-    if state is not None:
-        return state.request, state.checked
+    :func:`checked_schedule` built for it, with the memory budget checked between, as the
+    engine's opening resolves them (:func:`~.open_state.open_engine_state`, after
+    :func:`~.open_state.check_and_fill_in`)."""
     request = resolve_request(pipeline_strategy, None, blocks)
+    check_memory_budget(pipeline_strategy, request)
     return request, checked_schedule(request)
 
 

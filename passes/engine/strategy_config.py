@@ -68,8 +68,7 @@ def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
         raise ValueError(said_in_strategy_terms(e)) from None
     except ValueError as e:
         raise ValueError(f"strategy.pipeline: {e}") from None
-    placement = sized or Placement(spec.placement, config.pp_degree, config.vpp_degree)
-    return Request(name, spec, config, placement, spec.searches)
+    return Request(name, spec, config, config.placement, spec.searches)
 
 
 def _pp_of(pipeline_strategy) -> int:
@@ -155,5 +154,5 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto",
     stage = _pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage
     state = state_of(pipeline_strategy)
     if state is not None:
-        return state.config.replaced(pp_stage=stage)
+        return state.config.on_rank(stage)
     return resolve_request(pipeline_strategy, stage, blocks).config

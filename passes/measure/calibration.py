@@ -11,7 +11,8 @@ from typing import List, Optional, Sequence, Tuple
 from pipesplit.job_list.events import rank_peaks, serial_memory
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.measure.profile import Profile, format_bytes, text_table
+from pipesplit.job_list.text import format_bytes, text_table
+from pipesplit.passes.measure.profile import Profile
 
 paddle = require_supported_paddle()
 

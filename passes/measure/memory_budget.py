@@ -34,7 +34,6 @@ room: the last rank's logits and loss are its ``rest``).
 from __future__ import annotations
 
 import bisect
-import re
 import statistics
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -43,10 +42,8 @@ from pipesplit.job_list.bounds import minimum_memory
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.ir import BACKWARD_W, COMPUTE_KINDS, FORWARD, parse_job_type
 from pipesplit.job_list.placement import Placement
+from pipesplit.job_list.text import format_bytes, parse_size
 
-_BYTE_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
-               "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
-_BUDGET = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]+)\s*$")
 
 
 class MemoryBudgetError(ValueError):
@@ -68,19 +65,14 @@ def parse_budget(budget) -> int:
     if isinstance(budget, int):
         value = budget
     else:
-        match = _BUDGET.match(budget)
-        if match is None or match.group(2).upper() not in _BYTE_UNITS:
+        size = parse_size(budget)
+        if size is None or size[1] is None:
             raise ValueError(f"budget must be bytes with a suffix B/KB/MB/GB/TB (binary: 1 KB = "
                              f"1024 B), got {budget!r}")
-        value = int(float(match.group(1)) * _BYTE_UNITS[match.group(2).upper()])
+        value = int(size[0] * size[1])
     if value <= 0:
         raise ValueError(f"budget must be > 0 bytes, got {budget!r}")
     return value
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes in MiB with two decimals (budgets and peaks are read side by side)."""
-    return f"{n / (1 << 20):.2f} MiB ({int(n)} bytes)"
 
 
 # --------------------------------------------------------------------------- one process
@@ -216,10 +208,11 @@ class MemoryModel:
         if min(limits) < least:
             smallest = max(p.peak(least) for p in self.ranks)
             raise MemoryBudgetError(
-                f"memory budget {format_bytes(budget)} is below what any {schedule_name} "
-                f"schedule needs: the smallest budget that serves is {format_bytes(smallest)} "
-                f"(per pipeline rank: resident + {least:g} forward(s) kept + temporaries = "
-                + ", ".join(f"{format_bytes(p.peak(least))}" for p in self.ranks) + ")",
+                f"memory budget {format_bytes(budget, exact=True)} is below what any "
+                f"{schedule_name} schedule needs: the smallest budget that serves is "
+                f"{format_bytes(smallest, exact=True)} (per pipeline rank: resident + "
+                f"{least:g} forward(s) kept + temporaries = "
+                + ", ".join(format_bytes(p.peak(least), exact=True) for p in self.ranks) + ")",
                 budget, int(smallest))
         return limits
 

@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS, COMPUTE_KINDS,
                                    FORWARD, OPTIMIZER, job_type, parse_job_type)
 from pipesplit.job_list.simulate import Costs
+from pipesplit.job_list.text import format_bytes, parse_size, text_table
 
 from pipesplit.passes._paddle import require_supported_paddle
 
@@ -54,8 +55,6 @@ from pipesplit.ir_utils.measure import (MemoryStats, TimedExecutor, gc_priority,
 
 STAGE_KINDS = COMPUTE_KINDS + COMM_KINDS  # the job kinds with one chunk (= global stage) each
 FORMAT = "pipesplit-profile/1"
-_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
-          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
 
 
 # --------------------------------------------------------------------------- Profile
@@ -173,45 +172,19 @@ def _clamp(values, floor):
     return tuple(float(f"{max(floor, float(v)):.4g}") for v in values)
 
 
-def text_table(rows) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for k, row in enumerate(rows):
-        lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def format_bytes(n: float) -> str:
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.3g} {unit}"
-        n /= 1024
-    return f"{sign}{n:.3g} GB"
-
-
 def parse_memory(text: Union[str, float, int]) -> Tuple[float, bool]:
     """``"2GB"`` -> (2**31, True) bytes; ``"12"`` / ``12`` -> (12.0, False) simulator units.
-    Suffixes B, KB, MB, GB, TB (binary, 1 KB = 1024 B; KiB ... accepted too)."""
+    Suffixes B, KB, MB, GB, TB (binary, 1 KB = 1024 B; KiB ... accepted too:
+    :func:`~pipesplit.job_list.text.parse_size`)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, is_bytes = float(text), False
     else:
-        s = str(text).strip().upper().replace(" ", "")
-        digits = s.rstrip("KMGTIB")
-        suffix = s[len(digits):]
-        if suffix not in _UNITS:
+        size = parse_size(str(text))
+        if size is None:
             raise ValueError(f"memory limit must be a number of units or bytes with a suffix "
                              f"B/KB/MB/GB, got {text!r}")
-        try:
-            value = float(digits)
-        except ValueError:
-            raise ValueError(f"memory limit must be a number of units or bytes with a suffix "
-                             f"B/KB/MB/GB, got {text!r}") from None
-        is_bytes = bool(suffix)
-        value *= _UNITS[suffix]
+        number, unit = size
+        value, is_bytes = (number, False) if unit is None else (number * unit, True)
     if not value > 0:
         raise ValueError(f"memory limit must be > 0, got {text!r}")
     return value, is_bytes

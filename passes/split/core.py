@@ -16,7 +16,6 @@ from pipesplit.job_list import Schedule
 from pipesplit.job_list.opening import OpenedSchedule
 from pipesplit.job_list.opening import open_schedule as open_job_list_schedule
 from pipesplit.job_list.auto import split_stages_of
-from pipesplit.job_list.registry import get_spec
 from pipesplit.job_list.request import PipelineConfig, make_schedule
 from pipesplit.job_list.simulate import SimResult, simulate
 
@@ -88,7 +87,7 @@ def split_chunks_of(config: PipelineConfig, num_chunks: int,
     (auto / autoV, which may leave stages unsplit) the search is run again (it is
     deterministic).  ``num_chunks`` is ``config.num_stages`` (chunk = global stage) or
     ``config.vpp_degree`` (chunk = this rank's local chunk, ``config.pp_stage``)."""
-    if schedule is None and get_spec(config.schedule).searches:
+    if schedule is None and config.spec.searches:
         schedule = make_schedule(config)
     if schedule is None:
         return frozenset(range(num_chunks)) if config.splits_backward else frozenset()

@@ -14,8 +14,9 @@ from _strategies import pipeline_section as _pipeline_strategy
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts of schedule builds, lowerings and latency simulations, at every module that
-    imported the function by name."""
+    """Counts of schedule builds (by name, at every module that imported ``build_schedule``,
+    and by a request), lowerings and latency simulations, at every module that imported the
+    function by name."""
     counts = collections.Counter()
 
     def counting(label, function):
@@ -28,8 +29,11 @@ def calls(monkeypatch):
     simulate = counting("simulate",
                         importlib.import_module("pipesplit.job_list.latency").simulate_latency)
     lower = importlib.import_module("pipesplit.job_list.lower")
-    for name in ("pipesplit.job_list", "pipesplit.job_list.registry", "pipesplit.job_list.request"):
+    for name in ("pipesplit.job_list", "pipesplit.job_list.registry"):
         monkeypatch.setattr(importlib.import_module(name), "build_schedule", build)
+    # a request builds through its spec, not by name
+    request = importlib.import_module("pipesplit.job_list.request").PipelineConfig
+    monkeypatch.setattr(request, "build", counting("build", request.build))
     monkeypatch.setattr(lower, "_lower", counting("lower", lower._lower))
     for name in ("pipesplit.job_list.lower", "pipesplit.job_list.simulate",
                  "pipesplit.job_list.opening"):

@@ -111,8 +111,15 @@ def test_engine_strategy_errors_name_the_field():
     assert str(e.value) == ("strategy.pipeline.schedule_mode='ZBV' cannot serve this strategy: "
                             "strategy.pipeline.vpp_degree must be 2 for ZBV, got 1")
     with pytest.raises(ValueError, match=r"^strategy.pipeline: unknown schedule 'NoSuch'"):
-        ps_strategy.check_strategy(_pipeline_strategy("NoSuch"))
-    assert ps_strategy.check_strategy(_pipeline_strategy("zb-v", vpp=2)).schedule == "ZBV"
+        ps_strategy.check_strategy(_pipeline_strategy("NoSuch", vpp=1))
+    with pytest.raises(TypeError, match=r"^strategy.pipeline.vpp_degree must be an int, got "
+                                        r"float 2.5"):  # the fields first, as the hook checks
+        ps_strategy.check_strategy(_pipeline_strategy("ZBV", vpp=2.5))
+    with pytest.raises(ValueError, match=r"^strategy.pipeline.vpp_seg_method is empty"):
+        ps_strategy.check_strategy(_pipeline_strategy("zb-v", vpp=2))
+    zbv = _pipeline_strategy("zb-v", vpp=2)
+    zbv.vpp_seg_method = "DecoderBlock"
+    assert ps_strategy.check_strategy(zbv).schedule == "ZBV"
 
 
 COST_FILE = DATA / "profiled_mlp_pp2_vpp1.json"

@@ -9,8 +9,8 @@ import re
 import paddle
 import pytest
 
-from pipesplit.passes.engine.strategy_checks import (check_engine_strategy, check_fields, check_model,
-                                              check_world)
+from pipesplit.passes.engine.open_state import check_and_fill_in
+from pipesplit.passes.engine.strategy_checks import check_fields, check_model, check_world
 
 
 class DecoderBlock(paddle.nn.Layer):
@@ -39,13 +39,19 @@ class TinyGPT(paddle.nn.Layer):
         return self.head(self.norm(x))
 
 
-def pipeline(**fields):
-    """``strategy.pipeline`` with Paddle's defaults, pipeline enabled, and ``fields`` set."""
-    section = paddle.distributed.Strategy().pipeline
-    section.enable = True
+def strategy_with(**fields):
+    """A ``paddle.distributed.Strategy`` with Paddle's defaults, pipeline enabled, and its
+    pipeline ``fields`` set."""
+    strategy = paddle.distributed.Strategy()
+    strategy.pipeline.enable = True
     for name, value in fields.items():
-        setattr(section, name, value)
-    return section
+        setattr(strategy.pipeline, name, value)
+    return strategy
+
+
+def pipeline(**fields):
+    """``strategy.pipeline`` of :func:`strategy_with`."""
+    return strategy_with(**fields).pipeline
 
 
 ZBV = dict(schedule_mode="ZBV", pp_degree=2, vpp_degree=2, vpp_seg_method="DecoderBlock",
@@ -85,18 +91,20 @@ def starts(message: str) -> str:
      "strategy.pipeline.vpp_seg_method='Block(' is not a valid regular expression"),
 ])
 def test_bad_fields_are_named(field, value, error, message):
-    section = pipeline(**{**ZBV, field: value})
+    strategy = strategy_with(**{**ZBV, field: value})
+    section = strategy.pipeline
     before = copy.deepcopy(vars(section))
     with pytest.raises(error, match=starts(message)):
         check_fields(section)
-    with pytest.raises(error, match=starts(message)):  # fields come first
-        check_engine_strategy(section, TinyGPT(blocks=3), world_size=3)
+    with pytest.raises(error, match=starts(message)):  # the opening checks the fields first
+        check_and_fill_in(strategy, TinyGPT(blocks=3), world_size=3)
     assert vars(section) == before
 
 
 @pytest.mark.parametrize("pp,world", [(3, 2), (4, 2), (2, 1), (3, 4)])
 def test_pp_degree_must_divide_the_processes(pp, world):
-    section = pipeline(**{**ZBV, "pp_degree": pp, "vpp_degree": 1})
+    strategy = strategy_with(**{**ZBV, "pp_degree": pp, "vpp_degree": 1})
+    section = strategy.pipeline
     processes = f"{world} process{'es' if world > 1 else ''}"
     message = starts(f"strategy.pipeline.pp_degree={pp} does not divide the {processes} of this "
                      "job: each pipeline stage runs on world size / pp_degree processes, so "
@@ -104,7 +112,7 @@ def test_pp_degree_must_divide_the_processes(pp, world):
     with pytest.raises(ValueError, match=message):
         check_world(section, world)
     with pytest.raises(ValueError, match=message):
-        check_engine_strategy(section, TinyGPT(blocks=pp * 2), world)
+        check_and_fill_in(strategy, TinyGPT(blocks=pp * 2), world)
 
 
 @pytest.mark.parametrize("fields,blocks,message", [
@@ -125,12 +133,13 @@ def test_pp_degree_must_divide_the_processes(pp, world):
      "strategy.pipeline.pp_degree x strategy.pipeline.vpp_degree = 2 x 2 = 4"),
 ])
 def test_seg_method_must_name_the_blocks(fields, blocks, message):
-    section = pipeline(**{**ZBV, **fields})
+    strategy = strategy_with(**{**ZBV, **fields})
+    section = strategy.pipeline
     before = copy.deepcopy(vars(section))
     with pytest.raises(ValueError, match=starts(message)):
         check_model(section, TinyGPT(blocks=blocks))
     with pytest.raises(ValueError, match=starts(message)):
-        check_engine_strategy(section, TinyGPT(blocks=blocks), world_size=2)
+        check_and_fill_in(strategy, TinyGPT(blocks=blocks), world_size=2)
     assert vars(section) == before
 
 
@@ -148,18 +157,19 @@ def test_seg_method_must_name_the_blocks(fields, blocks, message):
     ({**ZBV, "split_backward": True, "micro_batch_size": 1}, 4, 2),
 ])
 def test_good_strategies_pass_untouched(fields, blocks, world):
-    section = pipeline(**fields)
+    strategy = strategy_with(**fields)
+    section = strategy.pipeline
     before = copy.deepcopy(vars(section))
-    assert check_engine_strategy(section, TinyGPT(blocks=blocks), world) is None
+    assert check_and_fill_in(strategy, TinyGPT(blocks=blocks), world) is None
     assert vars(section) == before
 
 
 def test_without_a_layer_only_the_strategy_is_checked():
     # the engine also takes None or a function as its model: no layers to look at
     for model in (None, lambda ids: TinyGPT(blocks=3)(ids)):
-        check_engine_strategy(pipeline(**{**ZBV, "vpp_seg_method": "NoSuchBlock"}), model, 2)
+        check_and_fill_in(strategy_with(**{**ZBV, "vpp_seg_method": "NoSuchBlock"}), model, 2)
     with pytest.raises(ValueError, match=starts("strategy.pipeline.pp_degree=2 does not divide")):
-        check_engine_strategy(pipeline(**ZBV), None, 3)
+        check_and_fill_in(strategy_with(**ZBV), None, 3)
 
 
 # -- what Paddle derives itself: gradient merge beside the pipeline, pp_degree from the meshes

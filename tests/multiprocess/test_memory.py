@@ -104,7 +104,7 @@ def test_a_budget_becomes_the_searchs_limit_or_is_refused():
     # holds more than every forward of the step (4)
     assert model.memory_limit(1255, "auto", 2, 1, 4, Costs()) == pytest.approx((2.5, 4.0))
     assert model.memory_limit(10 ** 9, "auto", 2, 1, 4, Costs()) == pytest.approx((4.0, 4.0))
-    with pytest.raises(MemoryBudgetError, match=r"smallest budget that serves is 0\.00 MiB "
+    with pytest.raises(MemoryBudgetError, match=r"smallest budget that serves is 1\.08 KB "
                                                 r"\(1105 bytes\)") as refused:
         model.memory_limit(1104, "auto", 2, 1, 4, Costs())
     assert (refused.value.budget, refused.value.smallest) == (1104, 1105)

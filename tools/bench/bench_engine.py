@@ -360,16 +360,15 @@ def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
 # =========================================================================== parent
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from pipesplit.tools._console import checked_args
+    from pipesplit.tools.bench.bench_multirank import _without, launch_workers
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = make_parser().parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as exc:
-        print(f"bench_engine: error: {exc}", file=sys.stderr)
+    args = checked_args("bench_engine", argv, make_parser(), check_args)
+    if args is None:
         return 2
     if args.worker:
         return worker(args)
-    from pipesplit.tools.bench.bench_multirank import _without, launch_workers
 
     t0 = time.perf_counter()
     report = launch_workers(__file__, _without(argv, ("--json", "--log-dir")), args.log_dir,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from pipesplit.job_list.text import text_table
 from pipesplit.tools.bench.memory_model import memory_model_table, predictions
 from pipesplit.tools.bench.verdicts import (DEFAULT_CONFIDENCE, bound_text, combine,
                                             combined_steps, describe, paired_ratios,
@@ -267,14 +268,8 @@ def fmt_bytes(values) -> str:
 
 
 def table(head: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
-    widths = [max(len(x[i]) for x in [head] + list(body)) for i in range(len(head))]
-    lines = []
-    for i, row in enumerate([head] + list(body)):
-        lines.append("  ".join(x.ljust(w) if j < 2 else x.rjust(w)
-                               for j, (x, w) in enumerate(zip(row, widths))).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
+    """The lines of a report table: schedule and implementation left, the numbers right."""
+    return text_table([head] + list(body), left=(0, 1)).split("\n")
 
 
 def add_goals(report: dict) -> None:

@@ -52,7 +52,8 @@ def _bench(args) -> int:
                       "repeats", "profile_repeats"))
     prepare_output(args.json, "--json")
     from pipesplit.passes.measure.calibration import calibrate, calibration_table
-    from pipesplit.passes.measure.profile import build_model, format_bytes, profile_jobs
+    from pipesplit.job_list.text import format_bytes
+    from pipesplit.passes.measure.profile import build_model, profile_jobs
 
     model = build_model(args.model, args.pp * args.vpp, args.m, **model_options(args))
     profiling = Progress("bench_memory: profiling", quiet=args.quiet)

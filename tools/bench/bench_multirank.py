@@ -62,6 +62,8 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     # profile); pipesplit itself is imported from the installation
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+from pipesplit.job_list.text import text_table  # noqa: E402
+from pipesplit.tools._console import checked_args  # noqa: E402
 from pipesplit.tools.bench.verdicts import (combine, combined_steps, describe,  # noqa: E402
                                             paired_ratios, ratio_figures)
 
@@ -539,12 +541,7 @@ def format_report(report: dict) -> str:
              f"{r['simulated_ms']:.1f}", f"{r['ratio']:.3f}", f"{r['fitted_ms']:.1f}",
              f"{r['fitted_ratio']:.3f}", str(r["measured_rank"]), str(r["simulated_rank"]),
              f"{r['loss_diff']:.1e}") for r in report["rows"]]
-    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
-    for i, row in enumerate([head] + body):
-        lines.append("  ".join(x.ljust(w) if j == 0 else x.rjust(w)
-                               for j, (x, w) in enumerate(zip(row, widths))).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines.append(text_table([head] + body, left=(0,)))
     g = report["goals"]
     lines.append(f"goal order (measured = simulated, ties within +/-): {g['order']['verdict']}"
                  + "".join(f"\n    {c}" for c in g["order"]["conflicts"]))
@@ -560,11 +557,8 @@ def format_report(report: dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = make_parser().parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as exc:
-        print(f"bench_multirank: error: {exc}", file=sys.stderr)
+    args = checked_args("bench_multirank", argv, make_parser(), check_args)
+    if args is None:
         return 2
     if args.worker:
         return worker(args)

@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from pipesplit.job_list.text import text_table
 from pipesplit.tools._console import Progress, add_quiet_option, prepare_output, quiet_pipe_main
 
 COST_MODELS = (
@@ -29,6 +30,8 @@ COST_MODELS = (
     ("1,2,1,1 c=.1", (1.0, 2.0, 1.0, 1.0), 0.1),
 )
 PP_VALUES = (2, 4, 8)
+#: the report's name columns (cost model, schedule), aligned left; the numbers right
+_NAMES = (3, 4)
 VPP_VALUES = (1, 2, 4)
 
 
@@ -134,17 +137,6 @@ def best_per_config(rows: Sequence[dict]) -> List[dict]:
     return list(best.values())
 
 
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for k, row in enumerate(rows):
-        out.append("  ".join(c.ljust(w) if i in (3, 4) or c.startswith("refused") else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-        if k == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
 def report(rows: Sequence[dict]) -> str:
     g = "{:.4g}".format
     lines = [("pp", "vpp", "m", "cost", "schedule", "makespan", "/LB", "bubble", "peak mem",
@@ -170,9 +162,9 @@ def report(rows: Sequence[dict]) -> str:
     return "\n".join([
         "All schedules (closed = (m*v+p-1)(tF+tB), GPipe/1F1B for v=1, interleaved for v>1; "
         "LB = simulate.lower_bound)",
-        _table(lines), "",
+        text_table(lines, left=_NAMES), "",
         "Best schedule per configuration (ties: lower peak memory)",
-        _table(summary), "",
+        text_table(summary, left=_NAMES), "",
         "wins: " + ", ".join(f"{n} {k}" for n, k in sorted(wins.items(), key=lambda x: -x[1])),
     ])
 
