@@ -1,8 +1,9 @@
-"""Opening one engine's :class:`~.state.EngineState`: the engine-init hook's one reading of the
-engine's strategy (:func:`open_engine_state`).  It checks the strategy, fills in the fields
+"""Opening one engine's :class:`~.state.EngineState` (its session's data): the one reading of
+the engine's strategy (:func:`open_engine_state`).  It checks the strategy, fills in the fields
 Paddle derives itself on the engine's copy (:func:`fill_in_what_paddle_derives`: the one
 place pipesplit writes a strategy field, with the value Paddle would give it) and resolves the
-request once (:func:`~.strategy_config.resolve_request`); every later hook reads the state."""
+request once (:func:`~.strategy_config.resolve_request`); every later moment reads the
+session."""
 from __future__ import annotations
 
 from pipesplit.passes.engine.state import EngineState, options_of
@@ -48,11 +49,12 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
         merge.k_steps = pipeline.accumulate_steps
 
 
-def open_engine_state(engine) -> EngineState:
-    """The engine-init hook's one reading of the engine's strategy: the checks (field types,
+def open_engine_state(engine, make=EngineState) -> EngineState:
+    """The engine's opening's one reading of the engine's strategy: the checks (field types,
     the gradient merge, the world, the model, the schedule), with what Paddle derives filled
     in between the field types and the checks that read ``pp_degree``; the request resolved
-    once into an :class:`~.state.EngineState` (not yet attached)."""
+    once into an :class:`~.state.EngineState` made by ``make`` (the session's class:
+    :meth:`~.session.EngineSession.open`), not yet attached."""
     import paddle
     import paddle.distributed as dist
 
@@ -70,9 +72,9 @@ def open_engine_state(engine) -> EngineState:
     check_model(pipeline, engine._model)
     request = resolve_request(pipeline, None, block_sizes(pipeline, engine._model))
     check_memory_budget(pipeline, request)
-    return EngineState(request=request, checked=checked_schedule(request),
-                       options=options_of(pipeline),
-                       measure_step=measured_step(pipeline, request),
-                       user_placements=placements_of(engine._model),
-                       parameter_names=frozenset(p.name for p in engine._model.parameters()),
-                       scope=paddle.static.global_scope(), transport=transport_for("auto"))
+    return make(request=request, checked=checked_schedule(request),
+                options=options_of(pipeline),
+                measure_step=measured_step(pipeline, request),
+                user_placements=placements_of(engine._model),
+                parameter_names=frozenset(p.name for p in engine._model.parameters()),
+                scope=paddle.static.global_scope(), transport=transport_for("auto"))

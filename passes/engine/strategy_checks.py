@@ -32,7 +32,7 @@ from typing import List, Optional
 from pipesplit.job_list.placement import SizeError
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.engine.state import Request, state_of
+from pipesplit.passes.engine.state import Request
 from pipesplit.passes.engine.strategy_config import resolve_request, said_in_strategy_terms
 
 paddle = require_supported_paddle()
@@ -315,11 +315,9 @@ def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> Pipeline
 
 
 def checked_request(pipeline_strategy, blocks: Optional[list] = None):
-    """(request, schedule): the section's :class:`~.state.Request` (no rank) and the schedule
-    :func:`checked_schedule` built for it (an engine's: those its state keeps)."""
-    state = state_of(pipeline_strategy)
-    if state is not None:
-        return state.request, state.checked
+    """(request, schedule): the section's :class:`~.state.Request` (no rank), resolved from its
+    fields, and the schedule :func:`checked_schedule` built for it (an engine's session keeps
+    those its opening made)."""
     request = resolve_request(pipeline_strategy, None, blocks)
     return request, checked_schedule(request)
 
