@@ -61,7 +61,8 @@ _NAMES = "schedule_names"
 # From this import on, Paddle's own engine asked for a schedule only pipesplit has (an engine
 # built before enable_strategy(), whose train() may come before it too) says to call
 # enable_strategy() before dist.to_static (a ValueError), where Paddle asserts; every other call
-# of Paddle's pipeline_pass is Paddle's, unchanged.  disable_strategy() leaves it on.
+# of Paddle's pipeline_pass is Paddle's, unchanged.  disable_strategy() leaves it on.  The one
+# patch at import, and why it cannot wait for a call: that user made no call of ours yet.
 paddle_patches.enable(_NAMES)
 
 
