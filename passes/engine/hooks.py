@@ -197,32 +197,37 @@ def keep_the_name_generator(original):
     return kept
 
 
-def cpu_support_first(original):
-    """``DistModel.__init__``: under the launcher (``POD_NAME``) it runs ``fleet.init``, whose
-    gloo groups fail on a CPU build (``Connection refused``) unless ``cpu_support`` skips it.
-    The cpu group's wrapper of this name is outside this one and takes ``POD_NAME`` away, so
-    ``POD_NAME`` seen here on a CPU build means ``cpu_support.enable()`` came too late."""
-    def __init__(self, *args, **kwargs):
-        if os.getenv("POD_NAME") and cpu_support_needed():
-            raise RuntimeError(
-                "on a CPU build of Paddle call pipesplit.passes.cpu_support.enable() before "
-                "dist.to_static (DistModel's fleet.init fails on CPU without it)")
-        original(self, *args, **kwargs)
-    return __init__
-
-
-def check_the_loader(original):
-    """``DistModel.__init__``: the loader is checked (:mod:`pipesplit.passes.engine.loader_checks`)
-    before the engine draws from it, on every rank alike; a strategy field of the wrong type
-    is left to the strategy check, which names it."""
+def checks_before_the_engine(original):
+    """``DistModel.__init__`` (group ``"engine"``): before Paddle's, in this order, the loader
+    (:func:`_check_the_loader`) and whether ``cpu_support`` came first
+    (:func:`_check_cpu_support_came_first`)."""
     def __init__(self, layer, loader, *args, **kwargs):
-        strategy = kwargs.get("strategy", args[2] if len(args) > 2 else None)
-        pipeline = getattr(strategy, "pipeline", None)
-        steps = getattr(pipeline, "accumulate_steps", None)
-        if getattr(pipeline, "enable", False) and type(steps) is int and steps > 0:
-            check_loader(loader, steps)
+        _check_the_loader(loader, args, kwargs)
+        _check_cpu_support_came_first()
         original(self, layer, loader, *args, **kwargs)
     return __init__
+
+
+def _check_the_loader(loader, args, kwargs) -> None:
+    """The loader is checked (:mod:`pipesplit.passes.engine.loader_checks`) before the engine
+    draws from it, on every rank alike; a strategy field of the wrong type is left to the
+    strategy check, which names it."""
+    strategy = kwargs.get("strategy", args[2] if len(args) > 2 else None)
+    pipeline = getattr(strategy, "pipeline", None)
+    steps = getattr(pipeline, "accumulate_steps", None)
+    if getattr(pipeline, "enable", False) and type(steps) is int and steps > 0:
+        check_loader(loader, steps)
+
+
+def _check_cpu_support_came_first() -> None:
+    """Under the launcher (``POD_NAME``) ``DistModel.__init__`` runs ``fleet.init``, whose gloo
+    groups fail on a CPU build (``Connection refused``) unless ``cpu_support`` skips it.  The
+    cpu group's wrapper of this name is outside this one and takes ``POD_NAME`` away, so
+    ``POD_NAME`` seen here on a CPU build means ``cpu_support.enable()`` came too late."""
+    if os.getenv("POD_NAME") and cpu_support_needed():
+        raise RuntimeError(
+            "on a CPU build of Paddle call pipesplit.passes.cpu_support.enable() before "
+            "dist.to_static (DistModel's fleet.init fails on CPU without it)")
 
 
 def check_each_batch(original):

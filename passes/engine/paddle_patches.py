@@ -78,8 +78,7 @@ PATCHES = (
           engine_hooks.note_a_sharded_loader, _ROUTES),
     # inside the cpu group's wrapper of the same name (the earlier patch in this table is
     # the inner one), so it sees whether cpu_support skips DistModel's fleet.init
-    Patch(_DIST_MODEL, "__init__", engine_hooks.cpu_support_first, "engine"),
-    Patch(_DIST_MODEL, "__init__", engine_hooks.check_the_loader, "engine"),
+    Patch(_DIST_MODEL, "__init__", engine_hooks.checks_before_the_engine, "engine"),
     Patch(_DIST_MODEL, "__call__", engine_hooks.check_each_batch, _ROUTES),
     # the names of the models built after a DistModel (see keep_the_name_generator)
     *(Patch(_DIST_MODEL, name, engine_hooks.keep_the_name_generator, _ROUTES)
