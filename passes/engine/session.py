@@ -336,6 +336,7 @@ class EngineSession(EngineState):
         mode = kwargs.get("mode") or engine._mode
 
         def paddle_step():  # 3 and 4
+            # "VPP" around Paddle's body only: Paddle tests the name inside it (the loss fetch)
             with paddle_sees_vpp(engine._strategy.pipeline):
                 logs = paddle_run()
             return self._loss_on_the_last_stage(engine, kwargs, logs)
