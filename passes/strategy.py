@@ -24,8 +24,9 @@ emulated in one process); zero its gradient accumulators with
 ``last_pipeline().init_scope(scope)``.
 
 The Paddle names are replaced by :mod:`pipesplit.passes.engine.paddle_patches` (group
-``"engine"``, the full list there), the trampolines :mod:`pipesplit.passes.engine.hooks`, which call the engine's session
-(:mod:`pipesplit.passes.engine.session`: its moments, and the one step list of ``Engine.run``),
+``"engine"``, the full list there), the trampolines :mod:`pipesplit.passes.engine.hooks`,
+which call the engine's session (:mod:`pipesplit.passes.engine.session`: its moments, and the
+one step list of ``Engine.run``),
 the strategy's translation :mod:`pipesplit.passes.engine.strategy_config`, its checks
 (``check_strategy`` ...) :mod:`pipesplit.passes.engine.strategy_checks`, the user's options
 (``use_costs`` ...) :mod:`pipesplit.passes.engine.user_options`, the session opened by
