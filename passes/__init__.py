@@ -19,6 +19,9 @@ from pipesplit.passes.split.registration import (PipesplitSchedulerPass, apply_p
                                                  apply_pipeline, disable, enable, is_enabled,
                                                  paddle_pass_class, register_all)
 
+# The one registration at import, and why it cannot wait for a call of ours: the user's path is
+# ``import pipesplit.passes`` then Paddle's own ``new_pass("pipeline_scheduler_ZBV", attrs)``
+# (README, docs/splitting.md), which reads Paddle's registry directly.  Idempotent.
 register_all()
 
 __all__ = ["SUPPORTED_PADDLE_VERSIONS", "KNOWN_ATTRS", "PipelineConfig", "PipelinePlan",

@@ -24,22 +24,24 @@ emulated in one process); zero its gradient accumulators with
 ``last_pipeline().init_scope(scope)``.
 
 The Paddle names are replaced by :mod:`pipesplit.passes.engine.paddle_patches` (group
-``"engine"``, the full list there), the hook bodies are :mod:`pipesplit.passes.engine.hooks`,
+``"engine"``, the full list there), the trampolines :mod:`pipesplit.passes.engine.hooks`,
+which call the engine's session (:mod:`pipesplit.passes.engine.session`: its moments, and the
+one step list of ``Engine.run``),
 the strategy's translation :mod:`pipesplit.passes.engine.strategy_config`, its checks
 (``check_strategy`` ...) :mod:`pipesplit.passes.engine.strategy_checks`, the user's options
-(``use_costs`` ...) :mod:`pipesplit.passes.engine.user_options`, the engine's state opened by
+(``use_costs`` ...) :mod:`pipesplit.passes.engine.user_options`, the session opened by
 :mod:`pipesplit.passes.engine.open_state`.
 """
 from __future__ import annotations
 
 from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.engine import strategy_config
 from pipesplit.passes.engine.hooks import last_pipeline, pipeline_pass
-from pipesplit.passes.engine.replanning import Replanned
+from pipesplit.passes.engine.replanning import Replanned, check_costs
 from pipesplit.passes.engine.replanning import replan as _replan_engine
-from pipesplit.passes.engine.state import engine_state
-from pipesplit.passes.engine.strategy_checks import check_strategy
-from pipesplit.passes.engine.strategy_config import (config_from_strategy, pipe_from_strategy,
-                                                     record_pipe, requested_schedule)
+from pipesplit.passes.engine.session import session_of, session_of_engine
+from pipesplit.passes.engine import strategy_checks
+from pipesplit.passes.engine.strategy_config import record_pipe
 from pipesplit.passes.engine.user_options import (measure_costs, reshard_after_forward, use_costs,
                                                   use_memory_budget)
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
@@ -60,7 +62,8 @@ _NAMES = "schedule_names"
 # From this import on, Paddle's own engine asked for a schedule only pipesplit has (an engine
 # built before enable_strategy(), whose train() may come before it too) says to call
 # enable_strategy() before dist.to_static (a ValueError), where Paddle asserts; every other call
-# of Paddle's pipeline_pass is Paddle's, unchanged.  disable_strategy() leaves it on.
+# of Paddle's pipeline_pass is Paddle's, unchanged.  disable_strategy() leaves it on.  The one
+# patch at import, and why it cannot wait for a call: that user made no call of ours yet.
 paddle_patches.enable(_NAMES)
 
 
@@ -110,14 +113,16 @@ def replan(dist_model, costs):
     every process calls it between the same two steps.  Returns the new
     :class:`~pipesplit.passes.split.core.PipelinePlan`.  ``auto`` does this by itself once with
     the costs it measures (:func:`measure_costs`)."""
-    return _replan_engine(_engine_of(dist_model), costs)
+    engine = _engine_of(dist_model)
+    check_costs(costs)
+    return _replan_engine(session_of_engine(engine), engine, costs)
 
 
 def replanned(dist_model):
     """The last re-plan of ``dist_model``'s training plan (:class:`Replanned`: the step
     measured, the costs, the plans before and after), or None."""
-    state = engine_state(_engine_of(dist_model))
-    return None if state is None else state.replanned
+    session = session_of_engine(_engine_of(dist_model))
+    return None if session is None else session.replanned
 
 
 def plan_of(dist_model, mode: str = "train"):
@@ -127,5 +132,46 @@ def plan_of(dist_model, mode: str = "train"):
     Paddle's own schedules."""
     if mode not in ("train", "eval", "predict"):
         raise ValueError(f"mode must be 'train', 'eval' or 'predict', got {mode!r}")
-    state = engine_state(_engine_of(dist_model))
-    return None if state is None else state.pipeline_of(mode)
+    session = session_of_engine(_engine_of(dist_model))
+    return None if session is None else session.pipeline_of(mode)
+
+
+# The readers of a pipeline section, for a user's script: an engine's section
+# (``engine._strategy.pipeline``) answers from its session, what the engine's opening resolved;
+# any other is translated from its fields (:mod:`.engine.strategy_config`).  The one place that
+# asks which a section is: nothing inside the engine calls these.
+
+def check_strategy(pipeline_strategy, blocks=None):
+    """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything
+    (:func:`~.engine.strategy_checks.check_strategy`: ``ValueError`` / ``TypeError`` naming
+    the field); returns its config (no rank): an engine's, the one its opening checked."""
+    session = session_of(pipeline_strategy)
+    if session is None:
+        return strategy_checks.check_strategy(pipeline_strategy, blocks)
+    return session.config
+
+
+def config_from_strategy(pipeline_strategy, pp_stage="auto", blocks=None):
+    """The :class:`~pipesplit.job_list.request.PipelineConfig` of ``strategy.pipeline`` on
+    ``pp_stage`` (``"auto"``: this process's pipeline rank): an engine's, its session's request
+    (``blocks`` unused), else resolved from the fields (with ``blocks``, the stage meshes'
+    block counts: :func:`~.engine.strategy_config.sized_costs`)."""
+    session = session_of(pipeline_strategy)
+    if session is None:
+        return strategy_config.config_from_strategy(pipeline_strategy, pp_stage, blocks)
+    return session.config_on(session.pp_stage() if pp_stage == "auto" else pp_stage)
+
+
+def pipe_from_strategy(pipeline_strategy):
+    """This process's pipeline (:class:`~pipesplit.job_list.pipe.Pipe`): an engine's, from
+    its stage meshes; else one process per stage."""
+    session = session_of(pipeline_strategy)
+    if session is None:
+        return strategy_config.pipe_from_strategy(pipeline_strategy)
+    return strategy_config.processes(session.request.pp, session.pipe)
+
+
+def requested_schedule(pipeline_strategy) -> str:
+    """The schedule name the user asked for (an engine's, as its session keeps it)."""
+    session = session_of(pipeline_strategy)
+    return str(pipeline_strategy.schedule_mode) if session is None else session.requested

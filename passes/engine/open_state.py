@@ -1,8 +1,9 @@
-"""Opening one engine's :class:`~.state.EngineState`: the engine-init hook's one reading of the
-engine's strategy (:func:`open_engine_state`).  It checks the strategy, fills in the fields
+"""Opening one engine's :class:`~.state.EngineState` (its session's data): the one reading of
+the engine's strategy (:func:`open_engine_state`).  It checks the strategy, fills in the fields
 Paddle derives itself on the engine's copy (:func:`fill_in_what_paddle_derives`: the one
 place pipesplit writes a strategy field, with the value Paddle would give it) and resolves the
-request once (:func:`~.strategy_config.resolve_request`); every later hook reads the state."""
+request once (:func:`~.strategy_config.resolve_request`); every later moment reads the
+session."""
 from __future__ import annotations
 
 from pipesplit.passes.engine.state import EngineState, options_of
@@ -62,11 +63,12 @@ def check_and_fill_in(strategy, model, world_size: int) -> None:
     check_model(pipeline, model)
 
 
-def open_engine_state(engine) -> EngineState:
-    """The engine-init hook's one reading of the engine's strategy: the checks
+def open_engine_state(engine, make=EngineState) -> EngineState:
+    """The engine's opening's one reading of the engine's strategy: the checks
     (:func:`check_and_fill_in`), then the request resolved once, its memory budget checked and
     its schedule built (:func:`~.strategy_checks.checked_request`), into an
-    :class:`~.state.EngineState` (not yet attached)."""
+    :class:`~.state.EngineState` made by ``make`` (the session's class:
+    :meth:`~.session.EngineSession.open`), not yet attached."""
     import paddle
     import paddle.distributed as dist
 
@@ -77,8 +79,8 @@ def open_engine_state(engine) -> EngineState:
     pipeline = engine._strategy.pipeline
     check_and_fill_in(engine._strategy, engine._model, dist.get_world_size())
     request, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
-    return EngineState(request=request, checked=checked, options=options_of(pipeline),
-                       measure_step=measured_step(pipeline, request),
-                       user_placements=placements_of(engine._model),
-                       parameter_names=frozenset(p.name for p in engine._model.parameters()),
-                       scope=paddle.static.global_scope(), transport=transport_for("auto"))
+    return make(request=request, checked=checked, options=options_of(pipeline),
+                measure_step=measured_step(pipeline, request),
+                user_placements=placements_of(engine._model),
+                parameter_names=frozenset(p.name for p in engine._model.parameters()),
+                scope=paddle.static.global_scope(), transport=transport_for("auto"))

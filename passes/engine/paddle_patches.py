@@ -5,10 +5,12 @@ wrapper factory (Paddle's function -> the function installed in its place) and t
 group it belongs to:
 
 * ``"engine"`` - :func:`pipesplit.passes.strategy.enable_strategy`: the entry of a new engine
-  (``Engine.__init__`` gives it its state, ``DistModel.__init__`` checks) and the pass for
-  programs outside an engine (hook bodies in :mod:`pipesplit.passes.engine.hooks`);
+  (``Engine.__init__`` opens its session, ``DistModel.__init__`` checks) and the pass for
+  programs outside an engine (the trampolines in :mod:`pipesplit.passes.engine.hooks`, which
+  find the engine's :class:`~pipesplit.passes.engine.session.EngineSession` once and call the
+  method of that moment);
 * ``"engine_routes"`` - enabled with ``"engine"``: the engine's functions, each routed by the
-  engine's ownership (an engine with a pipesplit state is served by pipesplit, Paddle's own
+  engine's ownership (an engine with a pipesplit session is served by pipesplit, Paddle's own
   engine by Paddle).  An engine built with pipesplit *holds* the group (:meth:`PatchDoor.hold`):
   :func:`~pipesplit.passes.strategy.disable_strategy` leaves it installed while such an engine
   lives, so the engine keeps working as it was built;
@@ -63,14 +65,11 @@ PATCHES = (
     Patch(f"{_ENGINE}.Engine", "_prepare_program", engine_hooks.keep_plan_per_mode, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "to_mode", engine_hooks.switch_to_the_mode_plan, _ROUTES),
     # Paddle's own code shown schedule_mode "VPP" while it tests for it (chunk completion and
-    # check, the loss fetch), innermost; every other reader sees the user's name
+    # check); every other reader sees the user's name
     Patch(f"{_ENGINE}.Engine", "_parallel_pir", engine_hooks.shown_vpp, _ROUTES),
-    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.shown_vpp, _ROUTES),
-    # the loss handed to the last stage, then the re-plan: a failure while measuring is
-    # named too
-    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.loss_on_the_last_stage, _ROUTES),
-    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.measure_and_replan, _ROUTES),
-    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.name_a_failed_step, _ROUTES),
+    # ONE wrapper: the session's ordered step list (failure naming, measure-and-replan,
+    # Paddle's run shown "VPP" for its loss fetch, the loss handed to the last stage)
+    Patch(f"{_ENGINE}.Engine", "run", engine_hooks.run_one_step, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "prepare", engine_hooks.whole_batch_spec, _ROUTES),
     # one ring id per group of ranks on every process, before the communicators are made
     Patch(f"{_ENGINE}.Engine", "_init_comm", engine_hooks.one_ring_per_group, _ROUTES),
@@ -79,8 +78,7 @@ PATCHES = (
           engine_hooks.note_a_sharded_loader, _ROUTES),
     # inside the cpu group's wrapper of the same name (the earlier patch in this table is
     # the inner one), so it sees whether cpu_support skips DistModel's fleet.init
-    Patch(_DIST_MODEL, "__init__", engine_hooks.cpu_support_first, "engine"),
-    Patch(_DIST_MODEL, "__init__", engine_hooks.check_the_loader, "engine"),
+    Patch(_DIST_MODEL, "__init__", engine_hooks.checks_before_the_engine, "engine"),
     Patch(_DIST_MODEL, "__call__", engine_hooks.check_each_batch, _ROUTES),
     # the names of the models built after a DistModel (see keep_the_name_generator)
     *(Patch(_DIST_MODEL, name, engine_hooks.keep_the_name_generator, _ROUTES)

@@ -11,21 +11,22 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
 from pipesplit.passes.split.core import PipelinePlan
-from pipesplit.passes.engine.state import EngineState, engine_state
+from pipesplit.passes.engine.state import EngineState
 from pipesplit.passes.transport.launch_store import round_key
 from pipesplit.passes.transport.step_exchange import create_scope_variables
 from pipesplit.passes.engine.engine_rank import build_engine_rank_plan
-from pipesplit.passes.engine.strategy_config import pipe_from_strategy
+from pipesplit.passes.engine.strategy_config import processes
 
 
-def engine_rank_plan(main, config, pipeline_strategy, state: EngineState, built=None):
-    """This rank's plan from the engine's program ``main``; the scope variables its step jobs
-    read and write (:mod:`pipesplit.passes.engine.shared_parameters`) are made in the engine's scope
+def engine_rank_plan(main, config, state: EngineState, built=None):
+    """This rank's plan from the engine's program ``main``, on the pipeline of processes the
+    engine's stage meshes gave; the scope variables its step jobs read and write
+    (:mod:`pipesplit.passes.engine.shared_parameters`) are made in the engine's scope
     (Paddle's global scope), zeroed."""
     import paddle
 
     plan = build_engine_rank_plan(main, config, state.transport,
-                                  pipe_from_strategy(pipeline_strategy), built=built,
+                                  processes(state.request.pp, state.pipe), built=built,
                                   shared=state.shared_parameters,
                                   regather=state.options.reshard_after_forward)
     plan.source_program = main
@@ -51,19 +52,22 @@ class Replanned:
     memory: Optional[dict] = None
 
 
-def replan(engine, costs, step: Optional[int] = None,
-           memory_limit=None) -> PipelinePlan:
-    """Build ``engine``'s training plan again from the engine's program with ``costs``
-    (:class:`~pipesplit.job_list.Costs`; ``auto`` / ``autoV`` search again, under
-    ``memory_limit`` units per rank when given, one number or one per rank; every lowering
-    uses them) and run it from the
-    next training step on.  Every process must call it between the same two steps, with the
-    same costs.  Returns the new plan."""
+def check_costs(costs) -> None:
+    """``replan``'s costs: a :class:`~pipesplit.job_list.Costs` (checked before anything else)."""
     from pipesplit.job_list.costs import Costs
 
     if not isinstance(costs, Costs):
         raise TypeError(f"costs must be a pipesplit.job_list.Costs, got {type(costs).__name__}")
-    state = engine_state(engine)
+
+
+def replan(state: Optional[EngineState], engine, costs, step: Optional[int] = None,
+           memory_limit=None) -> PipelinePlan:
+    """Build ``engine``'s training plan again from the engine's program with ``costs``
+    (:class:`~pipesplit.job_list.Costs`, :func:`check_costs`; ``auto`` / ``autoV`` search
+    again, under ``memory_limit`` units per rank when given, one number or one per rank; every
+    lowering uses them) and run it from the next training step on.  ``state``: the engine's
+    (its session; None for an engine pipesplit does not serve).  Every process must call it
+    between the same two steps, with the same costs.  Returns the new plan."""
     before = None if state is None else state.pipeline_of("train")
     if before is None or before.source_program is None:
         raise ValueError("replan: this engine has no pipesplit training plan built from the "
@@ -78,9 +82,10 @@ def replan(engine, costs, step: Optional[int] = None,
     config = before.config.replaced(costs=costs, **(
         {} if memory_limit is None else {"memory_limit": memory_limit}))
     with paddle.base.framework._dygraph_guard(None):  # programs are built in static mode
-        after = engine_rank_plan(before.source_program, config, engine._strategy.pipeline,
-                                 state)
+        after = engine_rank_plan(before.source_program, config, state)
     state.modes["train"].pipeline = after
+    # this engine's own objects (its plan, its executor's plan and cache), not Paddle names:
+    # the new plan IS the change, kept for the engine's life, so not the patch table's to undo
     if engine._mode == "train":
         engine._job_plan = after.plan
         engine._executor._set_plan(after.plan)
@@ -100,7 +105,8 @@ def _forget_executors(executor) -> None:
 
 def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int, run_step):
     """Training step ``step`` under the profiler, then the re-plan every process makes from
-    what all of them measured (see :func:`measure_and_replan`)."""
+    what all of them measured (the measured step of
+    :meth:`~pipesplit.passes.engine.session.EngineSession.run`)."""
     import paddle.distributed as dist
 
     from pipesplit.ir_utils.measure import MemoryStats
@@ -145,7 +151,7 @@ def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int,
         costs = model.costs(costs)
         limit = model.memory_limit(budget, config.schedule, config.pp_degree, config.vpp_degree,
                                    config.num_micro_batches, costs)
-    after = replan(engine, costs, step, memory_limit=limit)
+    after = replan(state, engine, costs, step, memory_limit=limit)
     clock.lap("replan_s")
     clock.lap("wait_after_replan_s", state.transport.rendezvous(
         f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,

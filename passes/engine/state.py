@@ -1,12 +1,14 @@
-"""One engine's pipesplit state, at ONE handle.
+"""What pipesplit keeps for one engine: the data of its session, at ONE handle.
 
 Paddle's engine hands its hooks the engine (``Engine.run``, ``to_mode`` ...) or only its copy
 of ``strategy.pipeline`` (``pipeline_pass``, ``complete_chunk_id``).  Everything pipesplit
-knows about an engine is therefore one :class:`EngineState`, kept at :data:`HANDLE` on the
-engine's copy of the pipeline section (which the engine alone owns: ``DistModel`` hands it a
-deep copy of the user's strategy) and reached from the engine as ``engine._strategy.pipeline``:
+knows about an engine is therefore one :class:`EngineState`, the data of the engine's
+:class:`~.session.EngineSession` (which adds the moments Paddle gives it as methods), kept at
+:data:`HANDLE` on the engine's copy of the pipeline section (which the engine alone owns:
+``DistModel`` hands it a deep copy of the user's strategy) and reached from the engine as
+``engine._strategy.pipeline`` (:func:`~.session.session_of_engine`):
 
-* made once, by the engine-init hook (:func:`~.open_state.open_engine_state`): the strategy
+* made once, at the engine's opening (:func:`~.open_state.open_engine_state`): the strategy
   checked, the fields Paddle derives filled in, the request resolved ONCE into a
   :class:`Request` (the name, its schedule's spec, pp, vpp, placement, whether it searches,
   the config) beside the schedule built for the check and the measured step; every later
@@ -19,7 +21,7 @@ Before ``dist.to_static`` the same handle on the USER's strategy holds the user'
 :class:`UserOptions` (:mod:`.user_options`: ``use_costs`` / ``measure_costs`` /
 ``use_memory_budget``), which the deep copy carries to the engine's copy and
 :func:`~.open_state.open_engine_state` takes over.  An engine whose pipeline section has
-no :class:`EngineState` is Paddle's own: every hook leaves it alone.
+no session is Paddle's own: every hook leaves it alone.
 """
 from __future__ import annotations
 
@@ -140,18 +142,6 @@ class EngineState:
 
 def handle_of(pipeline_strategy):
     return getattr(pipeline_strategy, HANDLE, None)
-
-
-def state_of(pipeline_strategy) -> Optional[EngineState]:
-    """The :class:`EngineState` of the engine owning ``pipeline_strategy``, or None."""
-    handle = handle_of(pipeline_strategy)
-    return handle if isinstance(handle, EngineState) else None
-
-
-def engine_state(engine) -> Optional[EngineState]:
-    """The :class:`EngineState` of ``engine`` (a Paddle ``Engine``), or None (Paddle's own)."""
-    strategy = getattr(engine, "_strategy", None)
-    return state_of(getattr(strategy, "pipeline", None))
 
 
 def options_of(pipeline_strategy) -> UserOptions:

@@ -36,7 +36,7 @@ from typing import List, Optional
 from pipesplit.job_list.placement import SizeError
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.engine.state import Request, state_of
+from pipesplit.passes.engine.state import Request
 from pipesplit.passes.engine.strategy_config import resolve_request, said_in_strategy_terms
 from pipesplit.passes.engine.user_options import check_memory_budget
 
@@ -307,10 +307,7 @@ def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> Pipeline
     (:func:`check_fields`, then :func:`checked_request`): a field of the wrong type, an
     unknown schedule name, pp / vpp / micro-batches the schedule cannot serve, a memory budget
     it cannot take (``ValueError`` / ``TypeError`` naming the strategy field).  Returns the
-    config (no rank); an engine's section, the one its opening checked."""
-    state = state_of(pipeline_strategy)
-    if state is not None:
-        return state.config
+    config (no rank).  (An engine's section: :func:`pipesplit.passes.strategy.check_strategy`.)"""
     check_fields(pipeline_strategy)
     return checked_request(pipeline_strategy, blocks)[0].config
 

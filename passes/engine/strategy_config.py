@@ -1,15 +1,19 @@
 """Paddle's ``Strategy().pipeline`` in pipesplit's terms: the :class:`~.state.Request` it makes
 (the schedule it names, its :class:`PipelineConfig`, placement and whether it searches), the
-costs of stages of uneven size, and this process's pipeline (:class:`Pipe`) from the engine's
+costs of stages of uneven size, and this process's pipeline (:class:`Pipe`) and rank from the
 stage meshes.  Only translation: nothing here writes to the strategy (what Paddle derives is
-filled in when the engine's state is opened: :mod:`.open_state`), and a field the schedule
+filled in when the engine's session is opened: :mod:`.open_state`), and a field the schedule
 cannot take is a ``ValueError`` in the strategy's words (the checks that the request serves,
 before the engine builds anything, are :mod:`.strategy_checks`; the user's options are
 :mod:`.user_options`).
 
-An engine's request is resolved once, when its state is opened, and read from its
-:class:`~.state.EngineState` afterwards; a strategy outside an engine is translated afresh at
-each call."""
+Nothing here looks for an engine's session: an engine's request is resolved once, when its
+session is opened, and the session answers from it (:class:`~.session.EngineSession`:
+``config_on``, ``pp_stage``; :func:`stage_pipe`, :func:`processes` and :func:`pipeline_rank`
+take the request's ``pp``); a section outside an engine (the pass applied directly, a check)
+is translated from its fields, at each call, by the ``*_from_strategy`` functions and
+:func:`record_pipe`.
+"""
 from __future__ import annotations
 
 from typing import Optional
@@ -19,7 +23,7 @@ from pipesplit.job_list.pipe import Pipe, pipe_of
 from pipesplit.job_list.placement import Placement, SizeError
 from pipesplit.job_list.registry import ScheduleSpec, get_spec
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.engine.state import Request, options_of, state_of
+from pipesplit.passes.engine.state import Request, options_of
 
 #: a size as the schedules and the pass name it -> its field of ``strategy.pipeline``
 _FIELD = {"vpp": "vpp_degree", "pp": "pp_degree", "m": "accumulate_steps",
@@ -32,11 +36,8 @@ def said_in_strategy_terms(error: SizeError) -> str:
 
 
 def requested_spec(pipeline_strategy) -> ScheduleSpec:
-    """The schedule ``strategy.pipeline.schedule_mode`` names: an engine's, resolved when its
-    state was opened; else looked up now (``ValueError`` naming the field for an unknown name)."""
-    state = state_of(pipeline_strategy)
-    if state is not None:
-        return state.request.spec
+    """The schedule ``strategy.pipeline.schedule_mode`` names, looked up now (``ValueError``
+    naming the field for an unknown name)."""
     return _spec_named(str(pipeline_strategy.schedule_mode))
 
 
@@ -71,24 +72,16 @@ def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
     return Request(name, spec, config, config.placement, spec.searches)
 
 
-def _pp_of(pipeline_strategy) -> int:
-    """``pp``: the engine's request's, else the section's field (a strategy outside an engine,
-    whose schedule name is not needed)."""
-    state = state_of(pipeline_strategy)
-    return state.request.pp if state is not None else int(pipeline_strategy.pp_degree)
-
-
-def record_pipe(dist_program, pipeline_strategy) -> Pipe:
+def stage_pipe(dist_program, pp: int) -> Pipe:
     """This process's pipeline (:class:`~pipesplit.job_list.pipe.Pipe`) from the stage meshes of
-    the engine's whole distributed program, kept beside the engine's strategy for its pipeline
-    pass: stage meshes may have any shape (dp, mp, ... axes), and a peer is the process of the
-    neighbouring stage at the same coordinate, never process +- 1.  (The engine-path hook
-    keeps it in the engine's :class:`~.state.EngineState`.)"""
+    the engine's whole distributed program, for a request of ``pp`` stages: stage meshes may
+    have any shape (dp, mp, ... axes), and a peer is the process of the neighbouring stage at
+    the same coordinate, never process +- 1.  (The engine's session keeps it at chunk
+    completion.)"""
     import paddle.distributed as dist
     from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
     meshes = get_sub_process_mesh_by_program(dist_program)
-    pp = _pp_of(pipeline_strategy)
     if len(meshes) != pp:
         raise ValueError(
             f"strategy.pipeline.pp_degree is {pp}, but the model's layers are placed on "
@@ -96,6 +89,11 @@ def record_pipe(dist_program, pipeline_strategy) -> Pipe:
                 f"{list(m.process_ids)} {list(m.dim_names)}" for m in meshes)
             + "; set pp_degree to the number of pipeline stage meshes")
     return pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
+
+
+def record_pipe(dist_program, pipeline_strategy) -> Pipe:
+    """:func:`stage_pipe` for a section outside an engine (its ``pp_degree`` field)."""
+    return stage_pipe(dist_program, int(pipeline_strategy.pp_degree))
 
 
 def sized_costs(placement: Optional[Placement], blocks: Optional[list]) -> Optional[Costs]:
@@ -111,48 +109,43 @@ def sized_costs(placement: Optional[Placement], blocks: Optional[list]) -> Optio
     return Costs(forward=scale, backward_b=scale, backward_w=scale)
 
 
-def pipe_from_strategy(pipeline_strategy) -> Pipe:
-    """This process's pipeline: the one the engine's stage meshes gave (kept in the engine's
-    state at chunk completion), else one process per stage."""
+def processes(pp: int, pipe: Optional[Pipe]) -> Pipe:
+    """This process's pipeline: ``pipe`` (the one the engine's stage meshes gave), else, with
+    no stage meshes seen, one process per stage."""
     import paddle.distributed as dist
 
-    state = state_of(pipeline_strategy)
-    if state is not None and state.pipe is not None:
-        return state.pipe
-    pp = _pp_of(pipeline_strategy)
+    if pipe is not None:
+        return pipe
     if dist.get_world_size() == pp:  # one process per stage
         return Pipe.single_process_per_stage(pp)
     raise ValueError("pipesplit did not see the engine's stage meshes (call "
                      "pipesplit.passes.strategy.enable_strategy() before dist.to_static)")
 
 
-def _pp_stage(pipeline_strategy) -> Optional[int]:
+def pipeline_rank(pp: int, pipe: Optional[Pipe]) -> Optional[int]:
+    """This process's pipeline rank among ``pp``: None in one process (every rank emulated);
+    its place in ``pipe`` (the engine's stage meshes); without one (a whole-model program
+    outside the engine), Paddle's rule (pp the outermost mesh axis)."""
     import paddle.distributed as dist
 
-    pp = _pp_of(pipeline_strategy)
     if pp <= 1 or dist.get_world_size() <= 1:
         return None  # one process: emulate every rank
-    state = state_of(pipeline_strategy)
-    if state is None or state.pipe is None:
-        # a whole-model program outside the engine: Paddle's rule (pp the outermost mesh axis)
+    if pipe is None:
         from paddle.distributed.auto_parallel.static.utils import get_pp_stage_by_pp_degree
         return get_pp_stage_by_pp_degree(pp)
-    return state.pipe.rank_of(dist.get_rank())
+    return pipe.rank_of(dist.get_rank())
 
 
-def requested_schedule(pipeline_strategy) -> str:
-    """The schedule name the user asked for (an engine's, as its state keeps it)."""
-    state = state_of(pipeline_strategy)
-    return state.requested if state is not None else str(pipeline_strategy.schedule_mode)
+def pipe_from_strategy(pipeline_strategy) -> Pipe:
+    """:func:`processes` of a section outside an engine (no stage meshes seen)."""
+    return processes(int(pipeline_strategy.pp_degree), None)
 
 
 def config_from_strategy(pipeline_strategy, pp_stage="auto",
                          blocks: Optional[list] = None) -> PipelineConfig:
-    """The :class:`PipelineConfig` for Paddle's ``Strategy().pipeline`` section
-    (:func:`resolve_request`).  An engine's section gives its state's config (its
-    ``blocks``) with this process's pipeline rank."""
-    stage = _pp_stage(pipeline_strategy) if pp_stage == "auto" else pp_stage
-    state = state_of(pipeline_strategy)
-    if state is not None:
-        return state.config.on_rank(stage)
+    """The :class:`PipelineConfig` of a section outside an engine, resolved from its fields
+    (:func:`resolve_request`, with ``blocks``) on ``pp_stage`` (``"auto"``: this process's,
+    :func:`pipeline_rank`)."""
+    stage = pipeline_rank(int(pipeline_strategy.pp_degree), None) \
+        if pp_stage == "auto" else pp_stage
     return resolve_request(pipeline_strategy, stage, blocks).config

@@ -11,8 +11,7 @@ from typing import Optional, Tuple
 
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.registry import ScheduleSpec, searching_schedules
-from pipesplit.passes.engine.state import (DEFAULT_MEASURE, Request, options_of, set_options,
-                                           state_of)
+from pipesplit.passes.engine.state import DEFAULT_MEASURE, Request, options_of, set_options
 from pipesplit.passes.engine.strategy_config import requested_spec
 from pipesplit.passes.measure.replan import MEASURED_STEP
 
@@ -110,11 +109,9 @@ def check_memory_budget(pipeline_strategy, request: Optional[Request] = None) ->
 
 
 def measured_step(pipeline_strategy, request: Optional[Request] = None) -> Optional[int]:
-    """The training step whose jobs are measured for a re-plan (None: no re-plan).
+    """The training step whose jobs are measured for a re-plan (None: no re-plan), from the
+    user's options on the section (an engine's session keeps what its opening found).
     ``request``: the section's, when the caller resolved it already."""
-    state = state_of(pipeline_strategy)
-    if state is not None:
-        return state.measure_step
     options = options_of(pipeline_strategy)
     if options.measure_step != DEFAULT_MEASURE:
         return options.measure_step

@@ -5,6 +5,13 @@ Every schedule of the job_list registry (and its aliases) is registered as
 that name (ZBV, DualPipeV, auto ...), so ``new_pass("pipeline_scheduler_ZBV", attrs)`` works.
 Paddle's own ``pipeline_scheduler_{FThenB,1F1B,Eager1F1B,VPP,ZBH1,ZBVPP}`` stay untouched until
 :func:`enable` routes them to pipesplit; :func:`disable` puts them back.
+
+:func:`register_all` is called once, by ``import pipesplit.passes`` (the user's ``new_pass``
+needs the names then: see there), and by :func:`enable`; this module registers nothing when it
+is imported.  Not through the patch table (:mod:`pipesplit.passes.engine.paddle_patches`):
+Paddle's pass registry is a table of names, not attributes, written by Paddle's own
+``PassBase._register``; :data:`ROUTING` keeps Paddle's classes and :func:`disable` puts them
+back.
 """
 from __future__ import annotations
 

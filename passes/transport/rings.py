@@ -160,6 +160,8 @@ def renumber(programs: Iterable, mapping: Mapping[int, int]) -> None:
     if not moved:
         return
     rewrite_ring_ids(programs, moved)
+    # not the patch table's: Paddle's group table is data, renumbered once before the
+    # communicators are made, whose ids are then these; nothing to give back
     table = process_group._g_process_group_map
     groups = {old: table.pop(old) for old in moved}
     for old, group in groups.items():

@@ -51,15 +51,16 @@ def test_the_demo_builds_lowers_and_simulates_once(calls, capsys):
 
 @pytest.mark.parametrize("mode,vpp", [("auto", 1), ("ZBV", 2)])
 def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
-    from pipesplit.passes.engine.state import HANDLE, EngineState, UserOptions
+    from pipesplit.passes.engine.session import EngineSession
+    from pipesplit.passes.engine.state import HANDLE, UserOptions
     from pipesplit.passes.engine.strategy_checks import checked_request
 
     strategy = _pipeline_strategy(mode, vpp=vpp)
     request, checked = checked_request(strategy)  # what the Engine.__init__ hook does
     searched = calls["simulate"]  # (auto's search simulates its candidates)
     assert calls["build"] == 1
-    setattr(strategy, HANDLE, EngineState(request, checked, UserOptions(), None, {},
-                                          frozenset()))
+    setattr(strategy, HANDLE, EngineSession(request, checked, UserOptions(), None, {},
+                                            frozenset()))
     built = build_gpt(num_stages=2 * vpp, hidden=16, batch_size=8, seed=3)
     ps_strategy.pipeline_pass([built.main], [built.main], strategy)
     assert dict(calls) == {"build": 1, "lower": 1, "simulate": searched + 1}

@@ -15,9 +15,9 @@ from pipesplit.job_list.placement import SizeError
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes import strategy as ps_strategy
 from pipesplit.passes.engine.open_state import check_and_fill_in, open_engine_state
-from pipesplit.passes.engine.state import HANDLE, EngineState, UserOptions
+from pipesplit.passes.engine.session import EngineSession
+from pipesplit.passes.engine.state import HANDLE, UserOptions
 from pipesplit.passes.engine.strategy_checks import checked_request
-from pipesplit.passes.engine.strategy_config import config_from_strategy
 
 M = 4
 
@@ -66,7 +66,7 @@ def test_an_engine_opening_looks_up_once_and_a_pass_never(lookups, mode, vpp):
     strategy = _strategy(mode, pp=1, vpp=vpp)
     engine = types.SimpleNamespace(_strategy=strategy, _model=_model(blocks=2))
     with paddle.base.dygraph.guard():  # (dist.to_static opens an engine in dynamic mode)
-        state = open_engine_state(engine)
+        state = open_engine_state(engine, make=EngineSession)
     assert lookups == [mode]
     setattr(strategy.pipeline, HANDLE, state)
     del lookups[:]
@@ -83,11 +83,11 @@ def test_the_opening_of_a_pipeline_looks_up_once_and_its_passes_never(lookups, m
         check_and_fill_in(strategy, _model(blocks=2 * vpp), world_size=2)
         request, checked = checked_request(pipeline)
     assert lookups == [mode]
-    setattr(pipeline, HANDLE, EngineState(request, checked, UserOptions(), None, {},
-                                          frozenset()))
+    setattr(pipeline, HANDLE, EngineSession(request, checked, UserOptions(), None, {},
+                                            frozenset()))
     del lookups[:]
     for rank in range(2):
-        assert config_from_strategy(pipeline, pp_stage=rank).pp_stage == rank
+        assert ps_strategy.config_from_strategy(pipeline, pp_stage=rank).pp_stage == rank
     _pass_of_the_whole_model(pipeline, stages=2 * vpp)
     assert lookups == []
     assert ps_strategy.last_pipeline().schedule is checked

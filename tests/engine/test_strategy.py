@@ -199,13 +199,14 @@ def test_bad_memory_budgets_are_refused_and_change_nothing(budget, error, messag
 
 
 def _attached(pipeline):
-    """``pipeline`` with an engine's state attached, its request resolved once, as
+    """``pipeline`` with an engine's session attached, its request resolved once, as
     ``Engine.__init__``'s hook attaches it."""
-    from pipesplit.passes.engine.state import EngineState, UserOptions
+    from pipesplit.passes.engine.session import EngineSession
+    from pipesplit.passes.engine.state import UserOptions
     from pipesplit.passes.engine.strategy_checks import checked_request
 
     request, checked = checked_request(pipeline)
-    state = EngineState(request, checked, UserOptions(), None, {}, frozenset())
+    state = EngineSession(request, checked, UserOptions(), None, {}, frozenset())
     setattr(pipeline, HANDLE, state)
     return state
 

@@ -27,7 +27,7 @@ import auto_parallel_pipeline as example  # noqa: E402
 
 from pipesplit.ir_utils.measure import MemoryStats  # noqa: E402
 from pipesplit.passes import strategy as ps_strategy  # noqa: E402
-from pipesplit.passes.engine.state import engine_state  # noqa: E402
+from pipesplit.passes.engine.session import engine_state  # noqa: E402
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError, rank_memory  # noqa: E402
 from pipesplit.passes.measure.profile import (ops_on_this_thread,  # noqa: E402
                                               record_jobs_and_memory)

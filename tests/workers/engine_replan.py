@@ -26,7 +26,7 @@ import auto_parallel_pipeline as example  # noqa: E402
 
 from pipesplit.job_list import Costs  # noqa: E402
 from pipesplit.passes import cpu_support, strategy as ps_strategy  # noqa: E402
-from pipesplit.passes.engine.state import engine_state  # noqa: E402
+from pipesplit.passes.engine.session import engine_state  # noqa: E402
 from pipesplit.passes.measure.profile import record_jobs  # noqa: E402
 
 COST_FILE = Path(__file__).resolve().parents[1] / "data" / "profiled_mlp_pp2_vpp1.json"

@@ -22,7 +22,7 @@ import paddle.distributed as dist  # noqa: E402
 from paddle.distributed.auto_parallel.static import engine as paddle_engine  # noqa: E402
 
 from pipesplit.passes import strategy as pipesplit_strategy  # noqa: E402
-from pipesplit.passes.engine.state import state_of  # noqa: E402
+from pipesplit.passes.engine.session import session_of  # noqa: E402
 from pipesplit.passes.engine.engine_rank import build_engine_rank_plan  # noqa: E402
 from pipesplit.passes.transport.devices import transport_for  # noqa: E402
 from pipesplit.passes.transport.rings import agree_on_rings, held_groups  # noqa: E402
@@ -43,7 +43,7 @@ def main() -> int:
         pipe = pipesplit_strategy.pipe_from_strategy(pipeline_strategy)
         transport = transport_for("gpu")
         built = build_engine_rank_plan(mains[0], config, transport, pipe,
-                                       shared=state_of(pipeline_strategy).shared_parameters)
+                                       shared=session_of(pipeline_strategy).shared_parameters)
         # what the engine's _init_comm does before it makes the communicators
         made = [[ring, list(ranks)] for ring, ranks, _ in held_groups()]
         agree_on_rings(list(built.split.programs.values()), transport.share)

@@ -61,7 +61,7 @@ def train(args) -> int:
     from paddle.io import BatchSampler, DataLoader, Dataset
 
     from pipesplit.passes import cpu_support, strategy as pipesplit_strategy
-    from pipesplit.passes.engine.state import engine_state
+    from pipesplit.passes.engine.session import engine_state
 
     pipesplit_strategy.enable_strategy()
     cpu_support.enable()

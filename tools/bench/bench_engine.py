@@ -31,7 +31,7 @@ Measured per (schedule, impl):
 * **pass ms**: time inside the pipeline pass while the engine is prepared (``to_static``,
   ``train()``, first step), by a wrapper installed only then, only in this process, around the
   engine module's ``pipeline_pass`` and ``pir_pass``'s (Paddle's own, or pipesplit's
-  ``engine_hooks.pipeline_pass``) and, for pipesplit, ``engine_hooks.open_engine_state`` (it builds
+  ``engine_hooks.pipeline_pass``) and, for pipesplit, ``session.open_engine_state`` (it builds
   the schedule the pass reuses).  One untimed engine per impl is built first: the first
   preparation in a process pays one-time costs (imports, first calls).  After every step,
   ``--pass-repeats`` more calls of each engine's pass on fresh clones of the programs the

@@ -150,7 +150,7 @@ class PassTimer:
 
     TARGETS = (("paddle.distributed.auto_parallel.static.engine", "pipeline_pass"),
                ("paddle.distributed.auto_parallel.static.pir_pass", "pipeline_pass"),
-               ("pipesplit.passes.engine.hooks", "open_engine_state"))
+               ("pipesplit.passes.engine.session", "open_engine_state"))
     #: the target whose first call :meth:`repeat` makes again
     PASS = "pipeline_pass"
 

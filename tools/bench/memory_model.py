@@ -27,7 +27,7 @@ def profiled_step(run, dist_model, start_bytes: int, with_memory: bool):
 
     if not with_memory:
         return record_jobs(run) + (None,)
-    from pipesplit.passes.engine.state import engine_state
+    from pipesplit.passes.engine.session import engine_state
     from pipesplit.passes.measure.memory_budget import rank_memory
 
     loss, jobs, levels = record_jobs_and_memory(run)

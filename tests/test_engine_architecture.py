@@ -1,0 +1,114 @@
+"""The engine integration's shape, read from the source with ``ast``: one session per engine
+found once per hook, ``Engine.run`` wrapped once, and nothing patched or registered when a
+module is imported but the two calls the user's path needs (each with why)."""
+import ast
+import os
+
+from _paths import REPO
+
+PASSES = os.path.join(str(REPO), "passes")
+#: the functions that find an engine's session
+FINDERS = {"session_of", "session_of_engine", "served_session", "engine_state"}
+#: the modules that may call them: the trampolines, the user's entry points (which ask once
+#: which a pipeline section is), and the finders' own module
+FINDER_CALLERS = {"engine/hooks.py", "strategy.py", "engine/session.py"}
+#: module-level calls that change Paddle (a patch, a registration), each with why it runs at
+#: import; no other module-level call may be one of CHANGES_PADDLE
+AT_IMPORT = {
+    ("__init__.py", "register_all"): "the user's new_pass(...) after import pipesplit.passes",
+    ("strategy.py", "enable"): "the schedule_names guard: an engine built before "
+                               "enable_strategy() gets no call of ours before its train()",
+}
+#: the names of the calls that patch Paddle's functions or write its registries
+CHANGES_PADDLE = {"enable", "register_all", "hold", "_register", "_install", "setattr"}
+
+
+def _python_files():
+    for folder, _, files in os.walk(PASSES):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                yield os.path.relpath(path, PASSES).replace(os.sep, "/"), path
+
+
+def _tree(rel):
+    with open(os.path.join(PASSES, rel), encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
+def _called_name(call):
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+
+
+def _finder_calls(node):
+    return [n for n in ast.walk(node)
+            if isinstance(n, ast.Call) and _called_name(n) in FINDERS]
+
+
+def test_only_the_trampolines_and_the_entry_points_find_a_session():
+    found = [f"{rel}:{call.lineno}" for rel, path in _python_files()
+             if rel not in FINDER_CALLERS for call in _finder_calls(_tree(rel))]
+    assert not found, ("an engine's code gets its session as an argument; only the "
+                       "trampolines (engine/hooks.py) and the user's entry points find it:\n"
+                       + "\n".join(found))
+
+
+def test_each_hook_finds_the_session_once():
+    twice = []
+    for rel in ("engine/hooks.py", "strategy.py"):
+        for node in _tree(rel).body:
+            if isinstance(node, ast.FunctionDef) and len(_finder_calls(node)) > 1:
+                twice.append(f"{rel}: {node.name}")
+    assert not twice, "a hook that finds the session twice:\n" + "\n".join(twice)
+
+
+def test_engine_run_is_wrapped_once():
+    runs = [call.lineno for call in ast.walk(_tree("engine/paddle_patches.py"))
+            if isinstance(call, ast.Call) and _called_name(call) == "Patch"
+            and len(call.args) > 1 and isinstance(call.args[1], ast.Constant)
+            and call.args[1].value == "run"]
+    assert len(runs) == 1, f"Engine.run patched at lines {runs}: one wrapper, one step list"
+
+
+def test_no_session_method_hides_a_state_field():
+    """The session is its state with methods: a method named as a field would be replaced by
+    the field's value on the first assignment."""
+    fields = {node.target.id for cls in ast.walk(_tree("engine/state.py"))
+              if isinstance(cls, ast.ClassDef) and cls.name == "EngineState"
+              for node in cls.body if isinstance(node, ast.AnnAssign)}
+    methods = {node.name for cls in ast.walk(_tree("engine/session.py"))
+               if isinstance(cls, ast.ClassDef) and cls.name == "EngineSession"
+               for node in cls.body if isinstance(node, ast.FunctionDef)}
+    assert fields and methods and not fields & methods
+
+
+def _module_level_calls(tree):
+    """Calls made when the module is imported: its statements' calls outside any function or
+    class body."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Call):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def test_nothing_is_patched_or_registered_at_import_but_the_named_two():
+    found, seen = [], set()
+    for rel, _ in _python_files():
+        for call in _module_level_calls(_tree(rel)):
+            name = _called_name(call)
+            if (rel, name) in AT_IMPORT:
+                seen.add((rel, name))
+            elif name in CHANGES_PADDLE:
+                found.append(f"{rel}:{call.lineno}: {ast.unparse(call)}")
+    assert not found, "patched or registered at import:\n" + "\n".join(found)
+    assert seen == set(AT_IMPORT)
+
+
+def test_the_scan_sees_module_level_calls():
+    code = "x = f()\nif y:\n    g(1)\ndef h():\n    k()\nclass C:\n    m = n()\n"
+    assert sorted(_called_name(c) for c in _module_level_calls(ast.parse(code))) == ["f", "g"]
