@@ -48,10 +48,22 @@ class Request:
     :class:`EngineState`."""
 
     name: str                 # schedule_mode as the user wrote it ("auto-v")
-    spec: ScheduleSpec        # the schedule it names (spec.name: the canonical name)
     config: PipelineConfig    # the sizes and options, checked (pp_stage None: no rank yet)
-    placement: Placement      # where the schedule puts each chunk (looped or V) on pp x vpp
-    searches: bool            # the schedule searches (ScheduleSpec.searches: auto / autoV)
+
+    @property
+    def spec(self) -> ScheduleSpec:
+        """The schedule the name resolved to (``spec.name``: the canonical name)."""
+        return self.config.spec
+
+    @property
+    def placement(self) -> Placement:
+        """Where the schedule puts each chunk (looped or V) on pp x vpp."""
+        return self.config.placement
+
+    @property
+    def searches(self) -> bool:
+        """The schedule searches (``ScheduleSpec.searches``: auto / autoV)."""
+        return self.config.spec.searches
 
     @property
     def pp(self) -> int:

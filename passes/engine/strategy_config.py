@@ -69,7 +69,7 @@ def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
         raise ValueError(said_in_strategy_terms(e)) from None
     except ValueError as e:
         raise ValueError(f"strategy.pipeline: {e}") from None
-    return Request(name, spec, config, config.placement, spec.searches)
+    return Request(name, config)
 
 
 def stage_pipe(dist_program, pp: int) -> Pipe:
