@@ -52,3 +52,10 @@ def rank_plan_transport(device: str, pp: int) -> Transport:
     (:func:`pipesplit.passes.split.per_rank.build_rank_plan`): ``device``'s
     (:func:`transport_for`), its way chosen for ``pp`` processes and ``pp`` ranks."""
     return transport_for(device).for_plan(pp, pp)
+
+
+def needs_cpu_support() -> bool:
+    """Whether this process's device (:func:`resolve_device`) has a transport that cannot start
+    the engine's pipeline without pipesplit's stand-ins for the collectives the build lacks
+    (:mod:`pipesplit.passes.cpu_support`: a CPU build, gloo)."""
+    return transport_for("auto").needs_cpu_support
