@@ -7,7 +7,8 @@ as :class:`RankPrograms`: its programs, the transfers of each send / recv job, a
 values a transfer carries are produced and read (:class:`EventSites`).  The plan's transport
 answers it (:meth:`~pipesplit.passes.transport.base.Transport.rank_comm`) with a
 :class:`RankComm`, through its table from the plan's way to the handler that builds it
-(``Transport.RANK_COMM``, as DeepSpeed's pipeline engine maps an instruction to its handler):
+(``Transport.RANK_COMM``, as DeepSpeed's pipeline engine maps an instruction to its
+handler):
 
 * :func:`own_jobs` - a comm program per kind and chunk, the rank's lowered order with every
   comm job's peer checked against its program's (gloo's broadcast);
@@ -37,11 +38,13 @@ class EventSites:
     stream event ties a send / recv to, each with the event's name.  Asked only by a transport
     that orders its comm ops by events."""
 
-    def before_send(self, kind: str, chunk: int, transfer: Transfer) -> Iterable[Tuple[object, str]]:
+    def before_send(self, kind: str, chunk: int, transfer: Transfer
+                    ) -> Iterable[Tuple[object, str]]:
         """(producer op, event) pairs: the send of ``transfer`` waits for each event."""
         raise NotImplementedError
 
-    def after_recv(self, kind: str, chunk: int, transfer: Transfer) -> Iterable[Tuple[object, str]]:
+    def after_recv(self, kind: str, chunk: int, transfer: Transfer
+                   ) -> Iterable[Tuple[object, str]]:
         """(consumer op, event) pairs: each consumer waits for the recv's event."""
         raise NotImplementedError
 
