@@ -49,8 +49,8 @@ communicators and parameters at the first ``train()`` / step.
 from __future__ import annotations
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.passes.engine.cpu_hooks import needed
 from pipesplit.passes.engine import paddle_patches
+from pipesplit.passes.transport.devices import needs_cpu_support as needed
 
 require_supported_paddle()
 

@@ -2,7 +2,8 @@
 (job_list <- ir_utils <- passes <- tools), no module circle (module-level, function-level and
 ``if TYPE_CHECKING:`` imports alike), every package and every test file (in every folder of
 ``tests/``) stays in small pieces, job-type strings are built only by ``job_list.ir.job_type``,
-no test module imports another, and only the transport package names a collective backend."""
+no test module imports another, only the transport package names a collective backend, and
+only it (and the engine state's opening) resolves a device or reads a plan's way."""
 import ast
 import os
 import re
@@ -508,3 +509,68 @@ def test_only_the_transport_names_a_backend():
         "\n".join(literals)
     assert not comparisons, "ask the transport (pipesplit.passes.transport.base.Transport) " \
         "instead of comparing backends:\n" + "\n".join(comparisons)
+
+
+# --------------------------------------------------------------------------- device decisions
+
+#: the transport package's functions that name the device a process runs on
+#: (``passes/transport/devices.py``)
+DEVICE_RESOLVERS = ("resolve_device", "transport_for")
+
+
+def _declared_ways():
+    """The constant names of the plans' ways the transport package declares (its ``WAYS``
+    tuple), less those that also name a backend (the backend test covers them)."""
+    tree = _parse(os.path.join(ROOT, "passes", "transport", "__init__.py"))
+    ways = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                and [ast.unparse(t) for t in n.targets] == ["WAYS"])
+    return tuple(e.id for e in ways.elts if e.id not in BACKEND_CONSTANTS)
+
+
+#: the ways only the transport reads: ``BROADCAST``, ``WORLD_RING``, ``LOCKSTEP``
+WAY_CONSTANTS = _declared_ways()
+#: library files outside the transport allowed to resolve a device, each with why
+DEVICE_DECISIONS_ALLOWED = {
+    # the engine's state is opened with its device's transport, once per engine
+    "passes/engine/open_state.py",
+    # until the engine session lands (issue 51 item 1): _on_cuda (the measured step's and the
+    # memory budget's defaults) resolves the device again instead of asking the session's
+    # transport
+    "passes/engine/user_options.py",
+}
+
+
+def _device_decisions(tree):
+    """(line, source) of every use of a device resolver (``transport_for(...)``,
+    ``devices.resolve_device``), of a plan's ``.way`` and of a way constant (``WORLD_RING``):
+    a device or way decision, which belongs to the transport."""
+    for node in ast.walk(tree):
+        name = node.id if isinstance(node, ast.Name) else \
+            node.attr if isinstance(node, ast.Attribute) else None
+        if name in DEVICE_RESOLVERS or name in WAY_CONSTANTS or (
+                isinstance(node, ast.Attribute) and name == "way"):
+            yield node.lineno, ast.unparse(node)
+
+
+def test_the_scan_sees_device_decisions():
+    code = ('t = transport_for("cpu")\nd = devices.resolve_device()\n'
+            'if t.way == WORLD_RING: pass\nx = LOCKSTEP\nhandler = table[plan.way]\n'
+            'y = t.backend\nz = rank_plan_transport("cpu", 2)\n'
+            'def f():\n    return resolve_device("auto")\nw = "the way"\n')
+    assert set(WAY_CONSTANTS) == {"BROADCAST", "WORLD_RING", "LOCKSTEP"}
+    assert sorted({line for line, _ in _device_decisions(ast.parse(code))}) == [1, 2, 3, 4, 5, 9]
+
+
+def test_only_the_transport_decides_the_device():
+    """No module of the library outside ``passes/transport/`` (and the engine state's opening)
+    resolves the device a process runs on (``resolve_device``, ``transport_for``) or reads a
+    plan's way (``transport.way``, ``WORLD_RING``): a builder hands its rank to the plan's
+    transport (``Transport.rank_comm``), whose table picks the way's handler."""
+    found = []
+    for module, path in sorted(MODULES.items()):
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        if rel.startswith(TRANSPORT) or rel in DEVICE_DECISIONS_ALLOWED:
+            continue
+        found += [f"{rel}:{line}: {src}" for line, src in _device_decisions(_parse(path))]
+    assert not found, "ask the transport (pipesplit.passes.transport) instead:\n" + \
+        "\n".join(found)

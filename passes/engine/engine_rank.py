@@ -15,10 +15,13 @@ micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
 2. the shared core completes, splits the backward into B / W (a value that is sent is needed
    outside its chunk, so it stays in B) and cuts ``forward{c}`` ... ``optimizer`` by local
    chunk, adding NO gradient accumulation;
-3. the send / recv jobs get p2p programs: on CPU gloo broadcasts on ring 0 (every rank joining
-   every transfer beyond two ranks), or, with dp / mp beside the pipeline or an optimizer
-   exchange between more than two ranks, every collective a world gather in lockstep
-   (:mod:`pipesplit.passes.transport.lockstep`); on GPU the engine's own NCCL rings;
+3. the plan's transport builds the send / recv jobs and the job order from this rank's
+   programs and transfers (:meth:`~pipesplit.passes.transport.base.Transport.rank_comm`, the
+   back half both rank builders share: :mod:`pipesplit.passes.transport.rank_comm`): on CPU
+   gloo broadcasts on ring 0 (every rank joining every transfer beyond two ranks), or, with
+   dp / mp beside the pipeline or an optimizer exchange between more than two ranks, every
+   collective a world gather in lockstep (:mod:`pipesplit.passes.transport.lockstep`); on GPU
+   the engine's own NCCL rings, with stream events;
 4. the job order is this rank's list from pipesplit's lowering (rendezvous-safe), optimizer last.
 """
 from __future__ import annotations
@@ -27,32 +30,28 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import (COMM_KINDS, COMPUTE_KINDS, RECV_BACKWARD, RECV_FORWARD,
-                                   SEND_BACKWARD, SEND_FORWARD, job_type, other_end,
-                                   parse_job_type)
-from pipesplit.job_list.lower import peer_of
+from pipesplit.job_list.ir import (COMPUTE_KINDS, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
+                                   SEND_FORWARD, job_type, other_end, parse_job_type)
 from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
-from pipesplit.passes.transport.lockstep import hybrid_world_ring, ring_ranks as _ring_ranks
-from pipesplit.passes.transport import LOCKSTEP, WORLD_RING
+from pipesplit.passes.transport.lockstep import ring_ranks as _ring_ranks
 from pipesplit.passes.transport.base import Transport
-from pipesplit.passes.transport.ring_order import world_ring_order, world_transfers
+from pipesplit.passes.transport.rank_comm import EventSites, RankPrograms
+from pipesplit.passes.transport.ring_order import world_transfers
 
 paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan, without_op_callstacks  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.ir_utils.regather import regather_for_backward  # noqa: E402
-from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
 from pipesplit.passes.engine.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
                                                        SharedOnThisRank, SharedParameter,
                                                        serve_shared_parameters, step_transfers)
 from pipesplit.ir_utils.roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE  # noqa: E402
-from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency,  # noqa: E402
-                                            first_user, producer_of)
+from pipesplit.passes.transport.p2p import Transfer, first_user, producer_of  # noqa: E402
 
 P2P_OPS = ("pd_op.send_v2", "pd_op.recv_v2")
 HANDOFF_PREFIX = "pipesplit_p2p_"
@@ -224,19 +223,22 @@ def _check_against_schedule(transfers: List[EngineTransfer], lowered: Schedule, 
             f"(pp_degree={lowered.pp}, vpp_degree={lowered.vpp})")
 
 
-def add_stream_events(compute: Dict[str, object], transfers, comm_ops, sending: bool) -> None:
-    """GPU: the op producing a sent value records an event its send waits for; a received
-    value's first consumer in every compute program waits for the recv's event."""
-    for t, comm_op in zip(transfers, comm_ops):
-        for program_type, program in compute.items():
-            if sending:
-                producer = producer_of(program, t.name)
-                if producer is not None:
-                    add_event_dependency(producer, comm_op, t.name)
-            else:
-                user = first_user(program, t.name)
-                if user is not None:
-                    add_event_dependency(comm_op, user, f"{t.name}_{program_type}")
+class _EngineSites(EventSites):
+    """Where a transfer's value is made and read in this rank's programs (every compute
+    program, and the optimizer), for the stream events of the GPU."""
+
+    def __init__(self, compute: Dict[str, object]):
+        self.compute = compute
+
+    def before_send(self, kind, chunk, transfer):
+        producers = ((producer_of(program, transfer.name), transfer.name)
+                     for program in self.compute.values())
+        return [(op, event) for op, event in producers if op is not None]
+
+    def after_recv(self, kind, chunk, transfer):
+        users = ((first_user(program, transfer.name), f"{transfer.name}_{program_type}")
+                 for program_type, program in self.compute.items())
+        return [(op, event) for op, event in users if op is not None]
 
 
 def _optimizer_exchanges(programs) -> bool:
@@ -247,51 +249,20 @@ def _optimizer_exchanges(programs) -> bool:
                                          for op in optimizer.global_block().ops)
 
 
-def _pipeline_transport(programs, found, opened, config, pipe, transport: Transport):
-    """One process per stage (CPU: broadcasts on ring 0, every rank joining every transfer
-    beyond two ranks) or NCCL (the engine's rings): comm programs into ``programs``; returns
-    the job order without the optimizer and its comm jobs (where the transport counts
-    progress, as on CPU, each bumps the progress counter, so a failed step names the job it
-    was in)."""
+def _rank_programs(programs, found: List[EngineTransfer], opened, config: PipelineConfig,
+                   pipe: Pipe) -> RankPrograms:
+    """This rank as its transport builds its comm jobs: ``programs`` (the compute programs and
+    the optimizer), the engine's transfers of each comm kind and chunk, and, for the CPU world
+    ring, every transfer of the step (published through the launch store)."""
+    def transfers_of(kind: str, chunk: int) -> List[Transfer]:
+        return [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
+
     rank = config.pp_stage
-    schedule, lowered = opened.schedule, opened.lowered
-    process = pipe.process_of(rank)
-    optimizer = programs.get(OPTIMIZER)
-    if optimizer is not None:
-        transport.prepare_optimizer(optimizer, process)
-    compute = dict(programs)
-    for chunk in range(config.vpp_degree):
-        for kind in COMM_KINDS:
-            sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
-            programs[job_type(kind, chunk)], comm_ops = transport.comm_program(
-                sel, process, progress=bool(sel))
-            if transport.stream_events:
-                add_stream_events(compute, sel, comm_ops, sending=kind.startswith("send"))
-    job_order, own_comm = [], []
-    for job in lowered.ranks[rank]:
-        if job.kind == OPTIMIZER:
-            continue
-        if job.is_comm:
-            peers = {t.transfer.src if t.transfer.dst == process else t.transfer.dst
-                     for t in found if (t.kind, t.chunk) == (job.kind, job.chunk)}
-            expected = pipe.process_of(peer_of(schedule, rank, job))
-            if peers != {expected}:
-                raise AssertionError(f"{job.type}: program peers {peers} != lowering's "
-                                     f"{expected}")
-            own_comm.append((job.type, job.micro_batch, peer_of(schedule, rank, job)))
-        job_order.append((job.type, job.micro_batch))
-    if transport.way == WORLD_RING:  # every rank takes part in every transfer
-        job_order, own_comm, bystanders = world_ring_order(
-            schedule, opened.order, rank, world_transfers(found, schedule, rank), job_order,
-            own_comm, programs, progress=True)
-    else:
-        bystanders = {}
-    if not transport.counts_progress:  # (e.g. NCCL comm programs)
-        return job_order, CommProgress()
-    process_of = pipe.process_of  # the report names processes, as the user's launcher does
-    return job_order, CommProgress(
-        [(t, mb, None if peer is None else process_of(peer)) for t, mb, peer in own_comm],
-        {t: (process_of(a), process_of(b)) for t, (a, b) in bystanders.items()})
+    return RankPrograms(
+        rank=rank, pipe=pipe, opened=opened, num_chunks=config.vpp_degree, programs=programs,
+        transfers_of=transfers_of,
+        step_transfers=lambda: world_transfers(found, opened.schedule, rank),
+        event_sites=_EngineSites(dict(programs)))
 
 
 def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Transport,
@@ -338,13 +309,8 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
             clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
         transport = transport.for_plan(paddle.distributed.get_world_size(), config.pp_degree,
                                        _optimizer_exchanges(programs))
-        if transport.way == LOCKSTEP:
-            job_order = hybrid_world_ring(programs, found, opened, config, pipe)
-            progress = CommProgress()  # (its lockstep jobs count no progress)
-        else:
-            job_order, progress = _pipeline_transport(programs, found, opened, config, pipe,
-                                                      transport)
-        job_order = _with_step_exchanges(job_order, programs, shared, here,
+        rank_comm = transport.rank_comm(_rank_programs(programs, found, opened, config, pipe))
+        job_order = _with_step_exchanges(rank_comm.job_order, programs, shared, here,
                                          schedule.placement, pipe, pipe.process_of(rank),
                                          transport)
     used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
@@ -352,7 +318,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
                      _compute_names(split, programs))
     split.programs = programs
     return PipelinePlan(config, schedule, lowered, job_order, split, plan, report,
-                        comm_progress=progress, timing=opened.timing,
+                        comm_progress=rank_comm.comm_progress(pipe), timing=opened.timing,
                         scope_variables=dict(here.scope_variables))
 
 

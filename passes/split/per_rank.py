@@ -14,11 +14,14 @@ sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.
 * The optimizer sub-program keeps only the updates of the parameters this rank's stages use;
   global-norm clipping's squared norm and a tied weight's gradient are summed over the ranks
   with an all-reduce first (:func:`filter_optimizer`).
-* The job order is the rank's list from :func:`pipesplit.job_list.lower.lower_comm` (a
-  rendezvous-safe order: every rank issues its communications in one global order), optimizer
-  last.  On CPU with more than two ranks every broadcast involves all ranks (the world-ring
-  transport, :func:`pipesplit.passes.transport.p2p.world_ring_comm`): the rank's list then also holds
-  a ``bystander{s}_{t}`` job for each exchange between two other ranks, at its place in
+* The comm programs and the job order are the plan's transport's
+  (:meth:`~pipesplit.passes.transport.base.Transport.rank_comm`, the back half both rank
+  builders share: :mod:`pipesplit.passes.transport.rank_comm`): the rank's list from
+  :func:`pipesplit.job_list.lower.lower_comm` (a rendezvous-safe order: every rank issues its
+  communications in one global order), optimizer last.  On CPU with more than two ranks every
+  broadcast involves all ranks (the world-ring transport,
+  :func:`pipesplit.passes.transport.p2p.world_ring_comm`): the rank's list then also holds a
+  ``bystander{s}_{t}`` job for each exchange between two other ranks, at its place in
   :func:`pipesplit.job_list.lower.global_order`; without them it is the GPU list.
 """
 from __future__ import annotations
@@ -27,35 +30,26 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from pipesplit.job_list import OPTIMIZER, Schedule
-from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, COMM_KINDS, COMPUTE_KINDS, FORWARD,
+from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, COMPUTE_KINDS, FORWARD,
                                    SEND_BACKWARD, SEND_FORWARD, job_type, other_end,
                                    parse_job_type)
-from pipesplit.job_list.lower import peer_of
+from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
-from pipesplit.passes.transport import WORLD_RING
 
 paddle = require_supported_paddle()
 
 from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
-from pipesplit.passes.transport.ring_order import comm_transfers, world_ring_order  # noqa: E402
+from pipesplit.passes.transport.ring_order import comm_transfers  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
 from pipesplit.passes.transport.base import Transport  # noqa: E402
-from pipesplit.passes.transport.devices import transport_for  # noqa: E402
-from pipesplit.passes.transport.p2p import (Transfer, add_event_dependency,  # noqa: E402
-                                            first_user, producer_of)
-
-
-@dataclass
-class CommJobInfo:
-    """What one comm job type of this rank carries."""
-
-    job_type: str
-    peer: Optional[int]
-    transfers: List[Transfer]
+from pipesplit.passes.transport.devices import rank_plan_transport  # noqa: E402
+from pipesplit.passes.transport.p2p import Transfer, first_user, producer_of  # noqa: E402
+from pipesplit.passes.transport.rank_comm import (CommJobInfo, EventSites,  # noqa: E402
+                                                  RankPrograms)
 
 
 @dataclass
@@ -297,7 +291,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     rank = config.pp_stage
     if rank is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
-    transport = transport_for(device).for_plan(config.pp_degree, config.pp_degree)
+    transport = rank_plan_transport(device, config.pp_degree)
     opened = open_schedule(config, main_program, built)
     schedule, lowered = opened.schedule, opened.lowered
     split, report = split_sub_programs(main_program, config, schedule=schedule)
@@ -307,17 +301,15 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     programs = _local_compute_programs(split, stages, schedule.is_forward_only)
     transfers = cross_rank_transfers(split, schedule)
     ring_ids = transport.p2p_rings(schedule)
-    comm = _add_comm_programs(programs, split, stages, rank, transport, transfers, ring_ids,
-                              progress)
+    rank_comm = transport.rank_comm(RankPrograms(
+        rank=rank, pipe=Pipe.single_process_per_stage(config.pp_degree), opened=opened,
+        num_chunks=config.vpp_degree, programs=programs,
+        transfers_of=lambda kind, chunk: comm_transfers(kind, stages[chunk], transfers),
+        step_transfers=lambda: transfers, event_sites=_WholeModelSites(split, stages),
+        ring_ids=ring_ids, progress=progress))
     programs[OPTIMIZER], num_all_reduces, reduce_ring_id = _rank_optimizer(
         split.programs[OPTIMIZER], owners, rank, config.pp_degree, transport)
-
-    job_order, comm_sequence = _rank_job_order(lowered, schedule, rank, comm)
-    bystanders: Dict[str, Tuple[int, int]] = {}
-    if transport.way == WORLD_RING:
-        job_order, comm_sequence, bystanders = world_ring_order(
-            schedule, opened.order, rank, transfers, job_order, comm_sequence, programs,
-            progress)
+    job_order = list(rank_comm.job_order)
     if not schedule.is_forward_only:
         job_order.append((OPTIMIZER, 0))
 
@@ -327,10 +319,10 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     local = {n for n, r in owners.items() if rank in r}
     info = RankInfo(rank=rank, pp=config.pp_degree, transport=transport, stages=stages,
                     param_names=sorted(p for p in params if p in local),
-                    comm=comm, ring_ids=ring_ids,
+                    comm=rank_comm.comm, ring_ids=ring_ids,
                     fetch_names=[n for _, n in rank_split.fetches],
                     feed_names=sorted(set().union(*(_data_in(programs[t]) for t in used))),
-                    comm_sequence=comm_sequence, bystanders=bystanders,
+                    comm_sequence=rank_comm.comm_sequence, bystanders=rank_comm.bystanders,
                     reduce_ring_id=reduce_ring_id, num_all_reduces=num_all_reduces)
     return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
                         rank_info=info, timing=opened.timing)
@@ -361,28 +353,6 @@ def _local_compute_programs(split: SplitProgram, stages: Dict[int, int], forward
             for c, s in stages.items() for kind in kinds if job_type(kind, s) in split.programs}
 
 
-def _add_comm_programs(programs, split, stages, rank, transport, transfers, ring_ids, progress
-                       ) -> Dict[str, CommJobInfo]:
-    """A send / recv program for every comm kind of every local chunk, into ``programs``;
-    returns what each one exchanges with whom."""
-    stage_to_chunk = {s: c for c, s in stages.items()}
-    comm: Dict[str, CommJobInfo] = {}
-    for c, s in stages.items():
-        for kind in COMM_KINDS:
-            t = job_type(kind, c)
-            sel = comm_transfers(kind, s, transfers)
-            prog, comm_ops = transport.comm_program(sel, rank, ring_ids=ring_ids,
-                                                    progress=progress and bool(sel))
-            programs[t] = prog
-            peer = None
-            if sel:
-                peer = sel[0].dst if sel[0].src == rank else sel[0].src
-            comm[t] = CommJobInfo(t, peer, sel)
-            if transport.stream_events:
-                _add_events(split, stage_to_chunk, kind, s, sel, comm_ops, programs)
-    return comm
-
-
 def _rank_optimizer(opt, owners, rank: int, pp: int, transport: Transport):
     """(the optimizer program cut to this rank's parameters, its number of all-reduces, the
     ring of every pipeline rank they use or None)."""
@@ -396,24 +366,6 @@ def _rank_optimizer(opt, owners, rank: int, pp: int, transport: Transport):
     with paddle.static.program_guard(opt):
         num_all_reduces = filter_optimizer(opt, owners, rank, pp, all_reduce)
     return opt, num_all_reduces, (reduce_ring[0] if reduce_ring else None)
-
-
-def _rank_job_order(lowered: Schedule, schedule: Schedule, rank: int,
-                    comm: Dict[str, CommJobInfo]):
-    """(job order without the optimizer, comm sequence) of the rank's lowered list; every comm
-    job's peer in the lowering must be its program's."""
-    job_order, comm_sequence = [], []
-    for job in lowered.ranks[rank]:
-        if job.kind == OPTIMIZER:
-            continue
-        job_order.append((job.type, job.micro_batch))
-        if job.is_comm:
-            comm_sequence.append((job.type, job.micro_batch, peer_of(schedule, rank, job)))
-            info = comm[job.type]
-            if info.transfers and info.peer != comm_sequence[-1][2]:
-                raise AssertionError(f"{job.type}: lowering peer {comm_sequence[-1][2]} != "
-                                     f"program peer {info.peer}")
-    return job_order, comm_sequence
 
 
 def _rank_split(split: SplitProgram, programs, stages: Dict[int, int], num_chunks: int
@@ -439,19 +391,24 @@ def _rank_split(split: SplitProgram, programs, stages: Dict[int, int], num_chunk
     return rank_split
 
 
-def _add_events(split, stage_to_chunk, kind, stage, sel, comm_ops, programs):
-    """GPU: producer op -> send op, and recv op -> first consumer op, as event dependencies."""
-    for t, op in zip(sel, comm_ops):
-        event = f"pipesplit_{kind}_{t.name}"
-        if kind in (SEND_FORWARD, SEND_BACKWARD):
-            producer = producer_of(split.programs[split.handoffs[t.name].producer], t.name)
-            if producer is not None:
-                add_event_dependency(producer, op, event)
-        else:
-            for consumer in split.handoffs[t.name].consumers:
-                ckind, cstage = parse_job_type(consumer)
-                if cstage != stage:
-                    continue
-                user = first_user(split.programs[consumer], t.name)
-                if user is not None:
-                    add_event_dependency(op, user, f"{event}_{consumer}")
+class _WholeModelSites(EventSites):
+    """Where a transfer's value is made and read in the whole model's split (the producer's
+    and the consumers' programs by global stage), for the stream events of the GPU."""
+
+    def __init__(self, split: SplitProgram, stages: Dict[int, int]):
+        self.split, self.stages = split, stages
+
+    def before_send(self, kind, chunk, transfer):
+        handoff = self.split.handoffs[transfer.name]
+        producer = producer_of(self.split.programs[handoff.producer], transfer.name)
+        return [] if producer is None else [(producer, f"pipesplit_{kind}_{transfer.name}")]
+
+    def after_recv(self, kind, chunk, transfer):
+        out = []
+        for consumer in self.split.handoffs[transfer.name].consumers:
+            if parse_job_type(consumer)[1] != self.stages[chunk]:
+                continue
+            user = first_user(self.split.programs[consumer], transfer.name)
+            if user is not None:
+                out.append((user, f"pipesplit_{kind}_{transfer.name}_{consumer}"))
+        return out

@@ -8,9 +8,10 @@ pipeline ranks, whether the optimizer exchanges values between them).  The plan 
 engine's hooks (:class:`~pipesplit.passes.engine.state.EngineState`'s ``transport``) ask it, and
 nothing outside this package names a backend:
 
-* the comm programs and their ordering: :meth:`~Transport.comm_program`,
-  :meth:`~Transport.p2p_rings`, :attr:`~Transport.counts_progress`,
-  :attr:`~Transport.stream_events`, :attr:`~Transport.way`;
+* one rank's comm jobs, built by the handler of the plan's way
+  (:meth:`~Transport.rank_comm`, :attr:`~Transport.RANK_COMM`: :mod:`.rank_comm`), from the
+  comm programs (:meth:`~Transport.comm_program`, :meth:`~Transport.p2p_rings`,
+  :attr:`~Transport.counts_progress`);
 * the optimizer's collectives: :meth:`~Transport.reduce_ring`,
   :meth:`~Transport.all_reduce_sum`, :meth:`~Transport.prepare_optimizer`;
 * the step exchanges (:meth:`~Transport.step_program`) and the loss hand-off
@@ -27,7 +28,8 @@ A subclass per device type answers these; :mod:`.devices` registers it under its
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar, Dict, Iterable, Optional, Sequence, Tuple
+from types import MappingProxyType
+from typing import Callable, ClassVar, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from pipesplit.job_list.costs import LATENCY
 from pipesplit.passes.transport import WAYS, p2p
@@ -59,8 +61,9 @@ class Transport:
     comm_mode: ClassVar[str] = LATENCY
     #: the comm programs bump the progress counter a failed or stuck step is named by
     counts_progress: ClassVar[bool] = False
-    #: a send / recv is ordered against its producer / consumer by stream events
-    stream_events: ClassVar[bool] = False
+    #: the plan's way -> what builds one rank's comm jobs on it, ``handler(transport,
+    #: rank_programs) -> RankComm`` (:mod:`.rank_comm`); the ways :meth:`pick` gives
+    RANK_COMM: ClassVar[Mapping[str, Callable]] = MappingProxyType({})
     #: the engine needs pipesplit's stand-ins for the collectives the build lacks
     #: (:mod:`pipesplit.passes.cpu_support`) before it can start a pipeline
     needs_cpu_support: ClassVar[bool] = False
@@ -100,6 +103,9 @@ class Transport:
         way = self.pick(world, pp, optimizer_exchanges)
         if way not in WAYS:
             raise ValueError(f"{type(self).__name__}.pick gave {way!r}, not one of {WAYS}")
+        if way not in self.RANK_COMM:
+            raise ValueError(f"{type(self).__name__}.pick gave {way!r}, which its RANK_COMM "
+                             f"has no handler for (it has {sorted(self.RANK_COMM)})")
         return replace(self, way=way, world=world)
 
     def _planned(self) -> str:
@@ -113,6 +119,13 @@ class Transport:
         """The p2p ring of each pair of pipeline ranks holding adjacent stages of a per-rank
         plan (none where the transport needs no ring per pair)."""
         return {}
+
+    def rank_comm(self, rank_programs):
+        """One rank's comm programs (into ``rank_programs.programs``), job order and comm jobs
+        (a :class:`~.rank_comm.RankComm`), as this plan's way builds them
+        (:attr:`RANK_COMM`); ``rank_programs``: the builder's
+        :class:`~.rank_comm.RankPrograms`."""
+        return self.RANK_COMM[self._planned()](self, rank_programs)
 
     def comm_program(self, transfers, rank: int, *,
                      ring_ids: Optional[Dict[Tuple[int, int], int]] = None,

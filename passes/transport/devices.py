@@ -45,3 +45,17 @@ def transport_for(device: str = "auto") -> Transport:
     """The transport of ``device`` (:func:`resolve_device`), before any plan's way is chosen
     (:meth:`~pipesplit.passes.transport.base.Transport.for_plan`)."""
     return DEVICE_TRANSPORTS[resolve_device(device)]()
+
+
+def rank_plan_transport(device: str, pp: int) -> Transport:
+    """The transport of a per-rank plan of a launch that runs one process per pipeline rank
+    (:func:`pipesplit.passes.split.per_rank.build_rank_plan`): ``device``'s
+    (:func:`transport_for`), its way chosen for ``pp`` processes and ``pp`` ranks."""
+    return transport_for(device).for_plan(pp, pp)
+
+
+def needs_cpu_support() -> bool:
+    """Whether this process's device (:func:`resolve_device`) has a transport that cannot start
+    the engine's pipeline without pipesplit's stand-ins for the collectives the build lacks
+    (:mod:`pipesplit.passes.cpu_support`: a CPU build, gloo)."""
+    return transport_for("auto").needs_cpu_support

@@ -18,15 +18,18 @@ The collectives the engine itself needs and the CPU build lacks are pipesplit's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import paddle
 
 from pipesplit.job_list.costs import RENDEZVOUS
 from pipesplit.passes.transport import BROADCAST, GLOO, LOCKSTEP, WORLD_RING
 from pipesplit.passes.transport.base import Transport
-from pipesplit.passes.transport.lockstep import ring_ranks
+from pipesplit.passes.transport.lockstep import lockstep_jobs, ring_ranks
 from pipesplit.passes.transport.loss_carriers import GatheredLoss
 from pipesplit.passes.transport.p2p import p2p_to_gloo_broadcasts
+from pipesplit.passes.transport.rank_comm import own_jobs
+from pipesplit.passes.transport.ring_order import world_ring_jobs
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class GlooTransport(Transport):
     comm_mode = RENDEZVOUS        # a gloo transfer blocks both ends until both are there
     counts_progress = True
     needs_cpu_support = True
+    RANK_COMM = MappingProxyType({BROADCAST: own_jobs, WORLD_RING: world_ring_jobs,
+                                  LOCKSTEP: lockstep_jobs})
 
     @classmethod
     def holds(cls, place) -> bool:

@@ -23,8 +23,8 @@ from pipesplit.job_list.lower import RankJob, peer_of
 from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes.transport.launch_store import launch_store, round_key
+from pipesplit.passes.transport.rank_comm import RankComm, RankPrograms
 
 paddle = require_supported_paddle()
 
@@ -102,32 +102,30 @@ def _optimizer_plan(merged, rank: int):
             for owner, peer, gather in merged]
 
 
-def hybrid_world_ring(programs: dict, found, opened, config: PipelineConfig,
-                      pipe: Pipe) -> List[Tuple[str, int]]:
-    """Rewrite ``programs`` (in place) for the CPU world ring, add the comm and bystander
-    programs; returns the job order (the plan opening's global order ``opened.order``) without
-    the optimizer.  ``found``: this rank's
-    :class:`~pipesplit.passes.engine.engine_rank.EngineTransfer` list."""
-    world = paddle.distributed.get_world_size()
-    rank = config.pp_stage
-    process = pipe.process_of(rank)
+def lockstep_jobs(transport, rank: RankPrograms) -> RankComm:
+    """Rewrite ``rank.programs`` (in place) for the CPU world ring, add the comm and bystander
+    programs; the job order is the plan opening's global order without the optimizer (its
+    lockstep jobs count no progress).  ``transport``: the plan's (its ``world``)."""
+    world = transport.world
+    process = rank.process
     gathers: Dict[str, list] = {}
+    programs = rank.programs
     for program_type, program in programs.items():
         if program_type != OPTIMIZER:
             gathers[program_type] = emulate_group_collectives(program, process, world,
-                                                              _within_stage(pipe, process))
-    for chunk in range(config.vpp_degree):
+                                                              _within_stage(rank.pipe, process))
+    for chunk in range(rank.num_chunks):
         for kind in COMM_KINDS:
-            sel = [t.transfer for t in found if (t.kind, t.chunk) == (kind, chunk)]
             comm_type = job_type(kind, chunk)
-            programs[comm_type], gathers[comm_type] = world_comm_program(sel, process, world)
+            programs[comm_type], gathers[comm_type] = world_comm_program(
+                rank.transfers_of(kind, chunk), process, world)
     optimizer = programs.get(OPTIMIZER)  # (evaluation and prediction have none)
     sequence = [] if optimizer is None else [
-        (kind, None if peer is None else pipe.rank_of(peer), gather)
+        (kind, None if peer is None else rank.pipe.rank_of(peer), gather)
         for kind, peer, gather in collective_sequence(optimizer, ring_ranks)]
-    everyone = _exchange({"jobs": gathers, "optimizer": sequence}, pipe)
+    everyone = _exchange({"jobs": gathers, "optimizer": sequence}, rank.pipe)
     jobs = {r: {t: _as_gathers(sig) for t, sig in p["jobs"].items()} for r, p in everyone.items()}
-    order = lockstep_order(opened.order, opened.lowered, rank, jobs)
+    order = lockstep_order(rank.opened.order, rank.opened.lowered, rank.rank, jobs)
     for program_type, _ in order:
         bystander = parse_bystander_type(program_type)
         if bystander is not None and program_type not in programs:
@@ -138,5 +136,5 @@ def hybrid_world_ring(programs: dict, found, opened, config: PipelineConfig,
                                       for k, peer, g in p["optimizer"]]
                                   for r, p in everyone.items()})
         emulate_with_bystanders(optimizer, process, world, ring_ranks,
-                                _optimizer_plan(merged, rank))
-    return order
+                                _optimizer_plan(merged, rank.rank))
+    return RankComm(order)

@@ -3,12 +3,13 @@
 A per-rank plan makes one p2p ring per pair of pipeline ranks holding adjacent stages and one
 ring of every pipeline rank for the optimizer's all-reduces; the engine's plan keeps the rings
 Paddle's reshard made.  Sends and recvs run on their own streams, ordered against their
-producers and consumers by events (:attr:`NcclTransport.stream_events`).  The loss is handed on
+producers and consumers by events (:func:`~.rank_comm.own_jobs_on_streams`).  The loss is handed on
 through the launcher's TCP store (the engine need not have a world ring).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Dict, Iterable, Optional, Tuple
 
 import paddle
@@ -17,6 +18,7 @@ from pipesplit.passes.transport import NCCL
 from pipesplit.passes.transport.base import Transport
 from pipesplit.passes.transport.loss_carriers import StoredLoss
 from pipesplit.passes.transport.p2p import ring_pair
+from pipesplit.passes.transport.rank_comm import own_jobs_on_streams
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class NcclTransport(Transport):
     device = "gpu"
     backend = NCCL
     program_style = NCCL
-    stream_events = True
+    RANK_COMM = MappingProxyType({NCCL: own_jobs_on_streams})
 
     @classmethod
     def holds(cls, place) -> bool:

@@ -4,6 +4,7 @@ opening's global order (a *bystander* job for an exchange between two other rank
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import List
 
 import paddle
@@ -12,6 +13,7 @@ from pipesplit.job_list import OPTIMIZER, Schedule
 from pipesplit.job_list.ir import SEND_BACKWARD, SEND_FORWARD, job_type, other_end
 from pipesplit.passes.transport.launch_store import launch_store, round_key
 from pipesplit.passes.transport.p2p import Transfer, handoff_type, world_ring_comm
+from pipesplit.passes.transport.rank_comm import RankComm, RankPrograms, own_jobs
 
 
 def comm_transfers(kind: str, stage: int, transfers: List[Transfer]) -> List[Transfer]:
@@ -81,3 +83,14 @@ def world_ring_order(schedule, sequence, rank, transfers, own_order, own_comm, p
         raise AssertionError(f"rank {rank}: the global order's own jobs differ from the "
                              "lowered list")
     return order, comm_sequence, pairs
+
+
+def world_ring_jobs(transport, rank: RankPrograms) -> RankComm:
+    """The world ring's comm jobs of ``rank`` (``transport``: the plan's): its own
+    (:func:`~.rank_comm.own_jobs`), then a bystander job for every exchange between two other
+    ranks, at its place in the plan opening's global order (:func:`world_ring_order`)."""
+    own = own_jobs(transport, rank)
+    order, comm_sequence, bystanders = world_ring_order(
+        rank.opened.schedule, rank.opened.order, rank.rank, rank.step_transfers(),
+        own.job_order, own.comm_sequence, rank.programs, rank.progress)
+    return replace(own, job_order=order, comm_sequence=comm_sequence, bystanders=bystanders)

@@ -3,6 +3,7 @@ registry (``devices.py``), its way chosen per plan (``Transport.for_plan``); and
 ``docs/design.md``'s example of a new device type, run as the page writes it."""
 import inspect
 import re
+from dataclasses import dataclass
 
 import paddle
 import pytest
@@ -12,8 +13,11 @@ from pipesplit.passes.transport import BROADCAST, GLOO, LOCKSTEP, NCCL, WORLD_RI
 from pipesplit.passes.transport.devices import (DEVICE_TRANSPORTS, DEVICES, resolve_device,
                                                 transport_for)
 from pipesplit.passes.transport.gloo import GlooTransport
+from pipesplit.passes.transport.lockstep import lockstep_jobs
 from pipesplit.passes.transport.loss_carriers import GatheredLoss, StoredLoss
 from pipesplit.passes.transport.nccl import NcclTransport
+from pipesplit.passes.transport.rank_comm import own_jobs, own_jobs_on_streams
+from pipesplit.passes.transport.ring_order import world_ring_jobs
 
 
 def test_the_registry_has_a_class_per_device_type():
@@ -48,7 +52,11 @@ def test_what_each_device_decides():
     cpu, gpu = transport_for("cpu"), transport_for("gpu")
     assert (cpu.comm_mode, gpu.comm_mode) == ("rendezvous", "latency")
     assert (cpu.counts_progress, gpu.counts_progress) == (True, False)
-    assert (cpu.stream_events, gpu.stream_events) == (False, True)
+    # one handler per way of the device's (gloo's three, NCCL's one: sends / recvs tied to
+    # their producers / consumers by stream events)
+    assert dict(cpu.RANK_COMM) == {BROADCAST: own_jobs, WORLD_RING: world_ring_jobs,
+                                   LOCKSTEP: lockstep_jobs}
+    assert dict(gpu.RANK_COMM) == {NCCL: own_jobs_on_streams}
     assert (cpu.needs_cpu_support, gpu.needs_cpu_support) == (True, False)
     assert (cpu.program_style, gpu.program_style) == (GLOO, NCCL)
     assert isinstance(cpu.loss_carrier(4, 2), GatheredLoss)
@@ -92,7 +100,8 @@ def test_the_design_pages_new_device_type_is_one_class_and_one_line(monkeypatch)
 
     assert type(transport_for("xpu")) is xpu and transport_for("xpu").backend == "bkcl"
     planned = transport_for("xpu").for_plan(2, 2)
-    assert planned.way == NCCL and planned.program_style == NCCL and planned.stream_events
+    assert planned.way == NCCL and planned.program_style == NCCL
+    assert planned.RANK_COMM[planned.way] is own_jobs_on_streams
     # "auto": an XPU place names the device; a place of no device leaves the CPU
     monkeypatch.setattr(paddle, "XPUPlace", _Place, raising=False)
     monkeypatch.setattr(paddle.framework, "_current_expected_place", lambda: _Place())
@@ -101,3 +110,14 @@ def test_the_design_pages_new_device_type_is_one_class_and_one_line(monkeypatch)
     if not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()):
         monkeypatch.setattr(paddle.framework, "_current_expected_place", lambda: object())
         assert resolve_device("auto") == "cpu"
+
+
+def test_a_way_without_its_handler_is_refused():
+    @dataclass(frozen=True)
+    class HalfDone(NcclTransport):
+        def pick(self, world, pp, optimizer_exchanges):
+            return BROADCAST
+
+    with pytest.raises(ValueError, match=r"gave 'broadcast', which its RANK_COMM has no "
+                                         r"handler for \(it has \['nccl'\]\)"):
+        HalfDone().for_plan(2, 2)
