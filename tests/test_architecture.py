@@ -533,10 +533,6 @@ WAY_CONSTANTS = _declared_ways()
 DEVICE_DECISIONS_ALLOWED = {
     # the engine's state is opened with its device's transport, once per engine
     "passes/engine/open_state.py",
-    # until the engine session lands (issue 51 item 1): _on_cuda (the measured step's and the
-    # memory budget's defaults) resolves the device again instead of asking the session's
-    # transport
-    "passes/engine/user_options.py",
 }
 
 

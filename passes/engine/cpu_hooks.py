@@ -9,17 +9,11 @@ import contextlib
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.transport import GLOO
-from pipesplit.passes.transport.devices import needs_cpu_support
 
 paddle = require_supported_paddle()
 
 #: the rings this process registered a gloo comm context for (once per ring and process)
 _gloo_rings: set = set()
-
-
-#: True where the engine cannot start a pipeline without these stand-ins: the transport's
-#: answer (hooks.py's name for it, until the engine session lands: issue 51 item 1)
-needed = needs_cpu_support
 
 
 def instantiate_gloo(group) -> None:

@@ -14,7 +14,7 @@ from contextvars import ContextVar
 from typing import Optional
 
 from pipesplit.passes.engine.chunk_fill import fill_chunk_ids
-from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
+from pipesplit.passes.transport.devices import needs_cpu_support
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.loader_checks import check_loader
@@ -224,7 +224,7 @@ def _check_cpu_support_came_first() -> None:
     groups fail on a CPU build (``Connection refused``) unless ``cpu_support`` skips it.  The
     cpu group's wrapper of this name is outside this one and takes ``POD_NAME`` away, so
     ``POD_NAME`` seen here on a CPU build means ``cpu_support.enable()`` came too late."""
-    if os.getenv("POD_NAME") and cpu_support_needed():
+    if os.getenv("POD_NAME") and needs_cpu_support():
         raise RuntimeError(
             "on a CPU build of Paddle call pipesplit.passes.cpu_support.enable() before "
             "dist.to_static (DistModel's fleet.init fails on CPU without it)")

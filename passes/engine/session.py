@@ -38,7 +38,6 @@ from typing import Optional
 
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
-from pipesplit.passes.engine.cpu_hooks import needed as cpu_support_needed
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.loader_checks import (check_batch, check_labels_are_class_ids,
@@ -158,7 +157,7 @@ class EngineSession(EngineState):
         parameters read on another stage's rank are kept."""
         self.pipe = stage_pipe(dist_program, self.request.pp)
         check_labels_are_class_ids(dist_program)
-        check_sequence_parallel(dist_program, self.request.vpp, cpu_build=cpu_support_needed())
+        check_sequence_parallel(dist_program, self.request.vpp, cpu_build=self.transport.needs_cpu_support)
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
         meshes = get_sub_process_mesh_by_program(dist_program)

@@ -14,6 +14,7 @@ from pipesplit.job_list.registry import ScheduleSpec, searching_schedules
 from pipesplit.passes.engine.state import DEFAULT_MEASURE, Request, options_of, set_options
 from pipesplit.passes.engine.strategy_config import requested_spec
 from pipesplit.passes.measure.replan import MEASURED_STEP
+from pipesplit.passes.transport.devices import measured_on_host
 
 
 def use_costs(strategy, costs) -> None:
@@ -51,7 +52,7 @@ def measure_costs(strategy, step: Optional[int] = MEASURED_STEP) -> None:
             raise TypeError(f"step must be an int or None, got {type(step).__name__}")
         if step < 0:
             raise ValueError(f"step must be >= 0 (a 0-based training step), got {step}")
-        if _on_cuda():
+        if not measured_on_host():
             raise ValueError("measure_costs: host times of CUDA jobs are not their costs; on a "
                              "CUDA build give measured costs with use_costs(strategy, FILE)")
     set_options(pipeline, measure_step=step)
@@ -103,7 +104,7 @@ def check_memory_budget(pipeline_strategy, request: Optional[Request] = None) ->
     if options.measure_step is None:
         raise ValueError("use_memory_budget: the budget is priced in the measured training "
                          "step, and measure_costs(strategy, None) turned it off")
-    if _on_cuda():
+    if not measured_on_host():
         raise ValueError("use_memory_budget: the bytes are measured with Paddle's host "
                          "allocator, on CPU builds only in this version")
 
@@ -116,7 +117,7 @@ def measured_step(pipeline_strategy, request: Optional[Request] = None) -> Optio
     if options.measure_step != DEFAULT_MEASURE:
         return options.measure_step
     searches = _schedule_of(pipeline_strategy, request)[1]
-    wanted = options.memory_budget is not None or (options.costs is None and not _on_cuda())
+    wanted = options.memory_budget is not None or (options.costs is None and measured_on_host())
     return MEASURED_STEP if searches and wanted else None
 
 
@@ -126,13 +127,6 @@ def _schedule_of(pipeline_strategy, request: Optional[Request]) -> Tuple[Schedul
         return request.spec, request.searches
     spec = requested_spec(pipeline_strategy)
     return spec, spec.searches
-
-
-def _on_cuda() -> bool:
-    """Whether the engine runs on a GPU (the one device rule, as the pass's transport)."""
-    from pipesplit.passes.transport.devices import resolve_device
-
-    return resolve_device("auto") == "gpu"
 
 
 def _pipeline_section(strategy):

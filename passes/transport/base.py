@@ -67,6 +67,10 @@ class Transport:
     #: the engine needs pipesplit's stand-ins for the collectives the build lacks
     #: (:mod:`pipesplit.passes.cpu_support`) before it can start a pipeline
     needs_cpu_support: ClassVar[bool] = False
+    #: a job's host time is its cost and the host allocator's bytes its memory (a CPU
+    #: build): what the engine's measured step and a memory budget read
+    #: (:mod:`pipesplit.passes.engine.user_options`)
+    measured_on_host: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- the device
 

@@ -54,6 +54,12 @@ def rank_plan_transport(device: str, pp: int) -> Transport:
     return transport_for(device).for_plan(pp, pp)
 
 
+def measured_on_host() -> bool:
+    """Whether this process's jobs are measured by their host times and the host allocator
+    (:attr:`~pipesplit.passes.transport.base.Transport.measured_on_host`: a CPU build)."""
+    return transport_for("auto").measured_on_host
+
+
 def needs_cpu_support() -> bool:
     """Whether this process's device (:func:`resolve_device`) has a transport that cannot start
     the engine's pipeline without pipesplit's stand-ins for the collectives the build lacks

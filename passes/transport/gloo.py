@@ -42,6 +42,7 @@ class GlooTransport(Transport):
     comm_mode = RENDEZVOUS        # a gloo transfer blocks both ends until both are there
     counts_progress = True
     needs_cpu_support = True
+    measured_on_host = True
     RANK_COMM = MappingProxyType({BROADCAST: own_jobs, WORLD_RING: world_ring_jobs,
                                   LOCKSTEP: lockstep_jobs})
 
