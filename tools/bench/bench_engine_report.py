@@ -135,10 +135,10 @@ def budget_goal(budgeted: dict, base: dict) -> dict:
     the process freed or allocated between the budget's reading and the step."""
     budget = budgeted["budget_bytes"]
     goal = ratio_goal("budget", "auto under a memory budget of Paddle 1F1B's peak (" +
-                      fmt_bytes([max(base["peak_bytes"])]) + " of its own; the process's "
-                      "budget " + fmt_bytes([budget]) + ") <= {bound} x Paddle 1F1B (the "
-                      "process's peak " + fmt_bytes(budgeted["process_peak_bytes"]) + "; its "
-                      "own " + fmt_bytes(budgeted["peak_bytes"]) + ")", budgeted, base,
+                      mib_per_rank([max(base["peak_bytes"])]) + " of its own; the process's "
+                      "budget " + mib_per_rank([budget]) + ") <= {bound} x Paddle 1F1B (the "
+                      "process's peak " + mib_per_rank(budgeted["process_peak_bytes"]) + "; its "
+                      "own " + mib_per_rank(budgeted["peak_bytes"]) + ")", budgeted, base,
                       GOAL_BUDGET_RATIO)
     if max(budgeted["process_peak_bytes"]) > budget:
         goal.update(verdict="missed", steps_to_resolve=None,
@@ -217,15 +217,15 @@ def best_goal(ours: List[dict], theirs: List[dict]) -> dict:
     base = fastest(theirs)
     fitting = [r for r in ours if all(a <= b for a, b in zip(r["peak_bytes"], base["peak_bytes"]))]
     text = (f"pipesplit best at no more peak <= {{bound}} x Paddle best ({base['schedule']}, "
-            f"peak {fmt_bytes(base['peak_bytes'])})")
+            f"peak {mib_per_rank(base['peak_bytes'])})")
     if fitting:
         best = fastest(fitting)
         return ratio_goal("best", text + f": {best['schedule']} (peak "
-                          f"{fmt_bytes(best['peak_bytes'])})", best, base, GOAL_BEST_RATIO)
+                          f"{mib_per_rank(best['peak_bytes'])})", best, base, GOAL_BEST_RATIO)
     top = fastest(ours)
     return {"name": "best", "text": text.format(bound=f"{GOAL_BEST_RATIO:g}") +
             f": no pipesplit schedule fits (fastest {top['schedule']}, peak "
-            f"{fmt_bytes(top['peak_bytes'])})", "numerator": None, "denominator": label(base),
+            f"{mib_per_rank(top['peak_bytes'])})", "numerator": None, "denominator": label(base),
             "ratio": None, "ratio_ci": None, "bound": GOAL_BEST_RATIO, "direction": "at_most",
             "verdict": "missed", "steps_to_resolve": None}
 
@@ -263,7 +263,9 @@ def goal_line(goal: dict) -> str:
     return f"{goal['verdict'].upper():<10}  m={goal['m']} {goal['name']}: {goal['text']}{figures}"
 
 
-def fmt_bytes(values) -> str:
+def mib_per_rank(values) -> str:
+    """Bytes per rank as one cell in a fixed unit, MiB (``"32.19M/23.56M"``), so a column
+    compares down its rows; a single size in words is ``job_list.text.format_bytes``."""
     return "/".join(f"{v / 2 ** 20:.2f}M" for v in values)
 
 
@@ -319,7 +321,7 @@ def rows_table(rows: List[dict]) -> List[str]:
     head = ("schedule", "impl", "step ms", "IQR ms", "/ P1F1B", "peak MiB", "pass ms",
             "loss diff")
     body = [(r["schedule"], r["impl"], f"{r['step_ms']:.1f}", f"{r['step_ms_spread']:.1f}",
-             f"{r['step_ms'] / base['step_ms']:.3f}" if base else "-", fmt_bytes(r["peak_bytes"]),
+             f"{r['step_ms'] / base['step_ms']:.3f}" if base else "-", mib_per_rank(r["peak_bytes"]),
              f"{r['pass_ms']:.1f}",
              "-" if r["max_loss_diff"] is None else f"{r['max_loss_diff']:.1e}") for r in rows]
     lines = table(head, body) + [f"loss diff against {rows[0]['loss_reference']}"]
@@ -381,7 +383,7 @@ def explain(rows: List[dict], base: Optional[dict], m: int) -> List[str]:
              f"{r['sim_makespan'] / sim_base['sim_makespan']:.3f}" if sim_base else "-",
              f"{r['sim_bubble']:.1%}", "/".join(f"{u:g}" for u in r["sim_peak_units"]),
              "/".join(f"{a / b:.2f}" for a, b in zip(r["peak_bytes"], base["peak_bytes"]))
-             if base else "-", fmt_bytes(r["resident_bytes"]), fmt_bytes(r["transient_bytes"]))
+             if base else "-", mib_per_rank(r["resident_bytes"]), mib_per_rank(r["transient_bytes"]))
             for r in rows]
     return ["", f"why, m = {m} (simulator: unit costs F 1, I 1, W 1, no comm; measured: this "
             "run):"] + \
