@@ -23,6 +23,8 @@ import time
 from typing import List
 
 UNIT_MATMULS = 60
+#: units each process measures however short the phase (the IQR needs two)
+MIN_UNITS = 2
 SIZE = 256
 
 
@@ -32,13 +34,15 @@ def _steal_ticks() -> int:
 
 
 def _units(seconds: float, out) -> None:
-    """Unit times (ms) for ``seconds``, put on ``out`` (one compute thread)."""
+    """Unit times (ms) for ``seconds``, at least :data:`MIN_UNITS` of them, put on ``out``
+    (one compute thread)."""
     import numpy as np
 
     a = np.random.default_rng(0).random((SIZE, SIZE), dtype=np.float32)
     times: List[float] = []
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    # (a process started late on a loaded machine still measures: quantiles need two points)
+    while len(times) < MIN_UNITS or time.monotonic() < end:
         t0 = time.perf_counter()
         for _ in range(UNIT_MATMULS):
             a @ a
