@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List
 
+from .regions import inputs_of, pushing_op, reads_a_stack, users_in
 from .roles import ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE
 
 
@@ -29,17 +30,26 @@ def is_source_op(op) -> bool:
     return op.name() in SOURCE_OPS and op.num_operands() == 0
 
 
-def _users(op):
+def is_grad_op(op) -> bool:
+    """A grad op: ``*_grad``, or the backward of a control-flow op (it reads the forward's
+    stack)."""
+    return GRAD_OP_RE.match(op.name()) is not None or reads_a_stack(op)
+
+
+def _users(op, idx):
+    """The ops of the block (``idx``) that read ``op``'s results (a control-flow op for a use
+    inside its regions)."""
     out = []
     for r in op.results():
-        out.extend(r.all_used_ops())
+        out.extend(users_in(r, idx))
     return out
 
 
 def _producers(op):
+    """The ops defining ``op``'s inputs (a control-flow op's captured values included)."""
     out = []
-    for v in op.operands_source():
-        d = v.get_defining_op() if v is not None and v.initialized() else None
+    for v in inputs_of(op):
+        d = v.get_defining_op()
         if d is not None:
             out.append(d)
     return out
@@ -47,10 +57,10 @@ def _producers(op):
 
 def _feeds_grad_op(ops, idx) -> List[bool]:
     """Per op: does some grad op (transitively) read what it produces?"""
-    is_grad = [GRAD_OP_RE.match(op.name()) is not None for op in ops]
+    is_grad = [is_grad_op(op) for op in ops]
     feeds = [False] * len(ops)
     for i in range(len(ops) - 1, -1, -1):
-        for u in _users(ops[i]):
+        for u in _users(ops[i], idx):
             j = idx.get(u)
             if j is not None and (is_grad[j] or feeds[j]):
                 feeds[i] = True
@@ -78,7 +88,7 @@ def _complete_roles(ops, idx) -> None:
             continue
         if OPTIMIZER_OP_RE.match(name):
             role[i] = ROLE_OPTIMIZE
-        elif GRAD_OP_RE.match(name):
+        elif is_grad_op(ops[i]):
             role[i] = ROLE_BACKWARD
     # 1b. everything before the backward section is forward: without this, a loss nothing
     #     fetches (no shadow_output) would be read only by grad ops, and step 3 would pull the
@@ -108,7 +118,7 @@ def _complete_roles(ops, idx) -> None:
     for i in range(len(ops) - 1, -1, -1):
         if i in role or names[i] in SINK_OPS:
             continue
-        users = _users(ops[i])
+        users = _users(ops[i], idx)
         if not users:
             continue
         if not source[i] and all(u.name() in SHAPE_ONLY_USERS for u in users):
@@ -149,7 +159,7 @@ def _backward_section_start(ops, role, idx) -> int:
     start = next((i for i, op in enumerate(ops) if role.get(i) == ROLE_BACKWARD), len(ops))
     while start > 0:
         op = ops[start - 1]
-        users = _users(op)
+        users = _users(op, idx)
         if op.name() not in BACKWARD_SEED_OPS or not users or \
                 any(role.get(idx.get(u)) != ROLE_BACKWARD for u in users):
             break
@@ -159,7 +169,10 @@ def _backward_section_start(ops, role, idx) -> int:
 
 def _match_forward_op(op, chunk, idx):
     """The forward op a grad op belongs to: a producer or user of a forward value the grad op
-    reads, with the grad op's base name, sharing the most values with it."""
+    reads, with the grad op's base name, sharing the most values with it; for the backward of
+    a control-flow op, the forward one that pushed what it pops."""
+    if reads_a_stack(op):
+        return pushing_op(op, idx)
     m = GRAD_OP_RE.match(op.name())
     if not m:
         return None
@@ -201,7 +214,7 @@ def _complete_chunks(ops, idx) -> None:
         if i in chunk or roles[i] != ROLE_BACKWARD:
             continue
         f = _match_forward_op(op, chunk, idx)
-        if f is not None:
+        if f is not None and idx[f] in chunk:  # (a control-flow op may be placed later)
             chunk[i] = chunk[idx[f]]
     # data-flow inference to a fixpoint over the ops still unplaced (forward and backward
     # sweeps); optimizer ops only copy their parameter's chunk, so they go once, at the end
@@ -243,7 +256,7 @@ def _keep_vectors_with_their_user(ops, idx, chunk) -> None:
     for op in ops:
         if op.name() != "builtin.combine":
             continue
-        users = [u for u in _users(op) if idx.get(u) in chunk]
+        users = [u for u in _users(op, idx) if idx.get(u) in chunk]
         if users:
             chunk[idx[op]] = chunk[idx[users[0]]]
 
@@ -254,7 +267,7 @@ def _infer_chunk(op, chunk, idx):
     if role == ROLE_OPTIMIZE and name not in SINK_OPS:
         return _updated_param_chunk(op, chunk, idx)
     prods = [p for p in _producers(op) if idx.get(p) is not None]
-    users = [u for u in _users(op) if idx.get(u) is not None]
+    users = [u for u in _users(op, idx) if idx.get(u) is not None]
 
     def cs(lst, want_role=None):
         return [chunk[idx[o]] for o in lst
@@ -264,6 +277,11 @@ def _infer_chunk(op, chunk, idx):
     if name in SINK_OPS:
         pc = [chunk[idx[p]] for p in prods if idx[p] in chunk]
         return pc[0] if pc else None
+    if role == ROLE_BACKWARD and reads_a_stack(op):
+        # the backward of a control-flow op runs with its forward, once that is placed
+        f = pushing_op(op, idx)
+        if f is not None:
+            return chunk.get(idx[f])
     if role == ROLE_FORWARD:
         pc = cs(prods, ROLE_FORWARD)
         if pc:
@@ -288,8 +306,8 @@ def _infer_chunk(op, chunk, idx):
 def _updated_param_chunk(op, chunk, idx):
     """An optimizer-role op's chunk: that of the parameter it reads, when that is known;
     otherwise none is needed."""
-    for v in op.operands_source():
-        d = v.get_defining_op() if v is not None and v.initialized() else None
+    for v in inputs_of(op):
+        d = v.get_defining_op()
         if d is not None and d.name() == "builtin.parameter" and idx[d] in chunk:
             return chunk[idx[d]]
     return None
@@ -297,20 +315,19 @@ def _updated_param_chunk(op, chunk, idx):
 
 def has_backward(program) -> bool:
     """Does ``program`` train (grad ops or backward-role ops), or only evaluate?"""
-    return any(GRAD_OP_RE.match(op.name()) or op.op_role == ROLE_BACKWARD
+    return any(is_grad_op(op) or op.op_role == ROLE_BACKWARD
                for op in program.global_block().ops)
 
 
 def complete_program(program):
     """Give every op of ``program`` (modified in place: pass a clone) an op_role and, for
-    forward / backward ops, a chunk id.  Raises ``ValueError`` for ops it cannot place."""
+    forward / backward ops, a chunk id.  A control-flow op is one op: its role and chunk are
+    those of the op as a whole (ops inside its regions run where it runs).  Raises
+    ``ValueError`` for ops it cannot place."""
     block = program.global_block()
     ops = list(block.ops)
     if not ops:
         raise ValueError("program has no ops")
-    for op in ops:
-        if op.num_regions() > 0:
-            raise ValueError(f"control flow is not supported: {_describe(op)}")
     idx = {op: i for i, op in enumerate(ops)}
     has_chunk = any(op.has_attr("chunk_id") and op.chunk_id >= 0 for op in ops)
     if not has_chunk:

@@ -19,6 +19,7 @@ from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS,
 from .accumulate import AccumulationInfo, add_gradient_accumulation
 from .checks import check_stage_flow
 from .complete import SINK_OPS, SOURCE_OPS, check_program, complete_program
+from .regions import inputs_of, variable_owner
 from .roles import BACKWARD_W_ATTR, HANDOFF_PREFIX, ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE
 
 
@@ -183,6 +184,15 @@ def _job_of_clone(op, op_name: str, split_set, out: "_SubPrograms") -> str:
     return _job_of(op, split_set)
 
 
+def _handed_type(v):
+    """The type of the block input that receives ``v``: a stack's outlet for any part of a
+    stack (a pop checks its input is an outlet; the variable is the same)."""
+    d = v.get_defining_op()
+    if d is not None and d.name() == "cf.stack_create":
+        return d.result(2).type()
+    return v.type()
+
+
 class _SubPrograms:
     """The sub-programs of one split under construction: one program per job type, the value
     mappings into them, and which values cross from one job to another (handoffs)."""
@@ -200,6 +210,9 @@ class _SubPrograms:
         self.place = paddle.base.libpaddle.Place()
         self.place.set_place(paddle.framework._current_expected_place())
         self.opts = paddle.pir.CloneOptions(False, True, True)
+        # a control-flow op is cloned whole, its regions with it (what they read from outer
+        # blocks is made available first, as its operands are)
+        self.opts_with_regions = paddle.pir.CloneOptions(True, True, True)
         self.ops = ops
         # shadow_output names already present in the program, per value id
         self.shadow_name: Dict[int, str] = {}
@@ -215,9 +228,9 @@ class _SubPrograms:
         """Clone ``op`` (index ``oi``) into job ``t``'s program, its operands made available
         (re-created source ops go to the same insertion point, the block's end, before it)."""
         paddle.pir.set_insertion_point_to_block_end(self.blocks[t])
-        for v in op.operands_source():
+        for v in inputs_of(op):
             self.ensure_operand(t, v)
-        op.clone(self.mappings[t], self.opts)
+        op.clone(self.mappings[t], self.opts_with_regions if op.num_regions() else self.opts)
         if self.names[oi] == "builtin.shadow_output":
             name = op.str_attr("output_name")
             if not op.operand_source(0).persistable:
@@ -258,17 +271,24 @@ class _SubPrograms:
         self.mappings[t].add(v, kw)
 
     def _add_handoff_input(self, t: str, v) -> None:
-        src = self.producer_job[v.id]
-        h = self.handoffs.get(v.id)
+        # handed by the value that owns its variable: a stack's inlet / outlet by the stack's
+        # one name (two names for one variable would be two renames of it)
+        owner = variable_owner(v)
+        src = self.producer_job[owner.id]
+        h = self.handoffs.get(owner.id)
         if h is None:
-            name = self.shadow_name.get(v.id)
+            name = self.shadow_name.get(owner.id)
             if name is None:
-                _, oi, ri = self.producer_op[v.id]
+                _, oi, ri = self.producer_op[owner.id]
                 name = f"{HANDOFF_PREFIX}{oi}_{ri}"
-            h = self.handoffs[v.id] = Handoff(name, src, ())
+            h = self.handoffs[owner.id] = Handoff(name, src, ())
         if t not in h.consumers:
             h.consumers = h.consumers + (t,)
-        kw = self.blocks[t].add_kwarg(h.name, v.type())
+        if h.name in self.kwarg_made[t]:  # another view of a variable already handed over
+            self.mappings[t].add(v, self.blocks[t].kwargs()[h.name])
+            return
+        self.kwarg_made[t].add(h.name)
+        kw = self.blocks[t].add_kwarg(h.name, _handed_type(v))
         kw.persistable = False
         kw.place_attr = self.place
         self.mappings[t].add(v, kw)
