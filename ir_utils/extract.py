@@ -19,7 +19,7 @@ from pipesplit.job_list.ir import (BACKWARD, BACKWARD_B, BACKWARD_W, COMM_KINDS,
 from .accumulate import AccumulationInfo, add_gradient_accumulation
 from .checks import check_stage_flow
 from .complete import SINK_OPS, SOURCE_OPS, check_program, complete_program
-from .regions import inputs_of, variable_owner
+from .regions import STACK_CREATE, inputs_of, pushing_op_of_stack, variable_owner
 from .roles import BACKWARD_W_ATTR, HANDOFF_PREFIX, ROLE_BACKWARD, ROLE_FORWARD, ROLE_OPTIMIZE
 
 
@@ -165,6 +165,7 @@ def _distribute(work, num_chunks, split_backward, fetch_names) -> SplitProgram:
             raise ValueError(f"op {op.name()} belongs to job {t!r}, which is not one of the "
                              f"{num_chunks}-chunk job types")
         out.clone_op(t, op, oi)
+    out.drop_replayed_pushes()
     out.write_handoffs()
     fetches = out.add_fetches(out.default_fetch_names() if fetch_names is None else fetch_names)
     paddle.pir.set_insertion_point_to_block_end(paddle.static.default_main_program().global_block())
@@ -182,6 +183,26 @@ def _job_of_clone(op, op_name: str, split_set, out: "_SubPrograms") -> str:
         if d is not None and d not in out.source_ops:
             return out.producer_job[op.operand_source(0).id]
     return _job_of(op, split_set)
+
+
+def replayed_stacks(ops, names) -> Dict[object, object]:
+    """The stacks a backward reads as a stack (``cf.has_elements``: a while loop's backward
+    tests it each iteration) besides popping it through its outlet, each with the forward
+    control-flow op that pushes onto it.  Paddle's executor binds one variable to one name
+    and checks both types, so such a stack cannot be handed to another sub-program; the job
+    that reads it runs the forward op again, onto a stack of its own."""
+    index = {op: i for i, op in enumerate(ops)}
+    stacks_of: Dict[object, list] = {}  # forward op -> every stack it pushes onto
+    for op, name in zip(ops, names):
+        if name == STACK_CREATE:
+            forward_op = pushing_op_of_stack(op, index)
+            if forward_op is not None:
+                stacks_of.setdefault(forward_op, []).append(op)
+    # a replayed op pushes onto all its stacks again (those of an `if` nested in a `while`
+    # too): every one of them stays in the job that replays it
+    return {stack: forward_op for forward_op, stacks in stacks_of.items()
+            if any(not stack.result(0).use_empty() for stack in stacks)
+            for stack in stacks}
 
 
 def _handed_type(v):
@@ -219,6 +240,8 @@ class _SubPrograms:
         for op, name in zip(ops, self.names):
             if name == "builtin.shadow_output":
                 self.shadow_name.setdefault(op.operand_source(0).id, op.str_attr("output_name"))
+        self.replayed = replayed_stacks(ops, self.names)
+        self.replaying_ops = set(self.replayed.values())
         self.producer_job: Dict[int, str] = {}   # value id -> job type of its producer
         self.producer_op: Dict[int, Tuple[object, int, int]] = {}  # value id -> (op, index, result)
         self.handoffs: Dict[int, Handoff] = {}
@@ -230,7 +253,10 @@ class _SubPrograms:
         paddle.pir.set_insertion_point_to_block_end(self.blocks[t])
         for v in inputs_of(op):
             self.ensure_operand(t, v)
-        op.clone(self.mappings[t], self.opts_with_regions if op.num_regions() else self.opts)
+        if op in self.replaying_ops:
+            self._clone_on_copies(t, op)
+        else:
+            op.clone(self.mappings[t], self.opts_with_regions if op.num_regions() else self.opts)
         if self.names[oi] == "builtin.shadow_output":
             name = op.str_attr("output_name")
             if not op.operand_source(0).persistable:
@@ -256,7 +282,45 @@ class _SubPrograms:
             if d in self.data_ops and not v.persistable:
                 self.required[t].add(v.name)
             return
+        if d in self.replayed:
+            self._replay(t, d)
+            return
         self._add_handoff_input(t, v)
+
+    def _replay(self, t: str, stack_create) -> None:
+        """Run the forward control-flow op that fills ``stack_create``'s stack again in job
+        ``t``, onto a stack of ``t``'s own (see ``replayed_stacks``)."""
+        forward_op = self.replayed[stack_create]
+        for stack in self.replayed:
+            if self.replayed[stack] is forward_op:
+                stack.clone(self.mappings[t], self.opts)
+        for v in inputs_of(forward_op):
+            self.ensure_operand(t, v)
+        self._clone_on_copies(t, forward_op)
+
+    def _clone_on_copies(self, t: str, op) -> None:
+        """Clone a replayed control-flow op into job ``t``, its operands copied first: a
+        ``while`` writes its condition and loop variables back into its operands' variables,
+        and its replay must start from the values its first run started from."""
+        paddle.pir.set_insertion_point_to_block_end(self.blocks[t])
+        mapping = self.mappings[t]
+        copies = [paddle._C_ops.assign(mapping.look_up(v)) if v.initialized() else None
+                  for v in op.operands_source()]
+        new_op = op.clone(mapping, self.opts_with_regions)
+        for i, copy in enumerate(copies):
+            if copy is not None:
+                new_op.operand(i).set_source(copy)
+
+    def drop_replayed_pushes(self) -> None:
+        """The forward's own run of a replayed op pushes nothing: nobody pops its stack."""
+        for stack_create in self.replayed:
+            t = self.producer_job.get(stack_create.result(0).id)
+            if t is None:
+                continue
+            inlet = self.mappings[t].look_up(stack_create.result(1))
+            for push in list(inlet.all_used_ops()):
+                push.erase()
+            inlet.get_defining_op().erase()
 
     def _add_block_argument(self, t: str, v) -> None:
         name = v.name

@@ -118,11 +118,16 @@ def pushing_op(backward_op, index: Dict) -> Optional[object]:
         if d is not None and d.name() == STACK_CREATE and d not in creates:
             creates.append(d)
     for create in creates:
-        inlet = create.result(1)
-        for user in users_in(inlet, index):
-            if user is not backward_op:
-                return user
+        forward_op = pushing_op_of_stack(create, index)
+        if forward_op is not None and forward_op is not backward_op:
+            return forward_op
     return None
+
+
+def pushing_op_of_stack(stack_create, index: Dict) -> Optional[object]:
+    """The op of ``index`` that pushes onto ``stack_create``'s stack (through its inlet)."""
+    users = users_in(stack_create.result(1), index)
+    return users[0] if users else None
 
 
 def variable_owner(value):

@@ -35,7 +35,8 @@ LEARNING_RATE = {"sgd": 0.1, "momentum": 0.1, "adam": 1e-3, "adamw": 1e-3}
 class Case:
     """One training setup: model, optimizer, clipping, LR schedule, embeddings."""
 
-    model: str = "lm"            # "lm" (Embedding / TransformerEncoderLayer / LayerNorm) or "mlp"
+    model: str = "lm"            # "lm" (Embedding / TransformerEncoderLayer / LayerNorm), "mlp"
+    #                              or "cf" (the MLP with a while, a nested if and an if in the loss)
     optimizer: str = "sgd"
     clip: str = "none"
     lr_schedule: str = "constant"
@@ -125,6 +126,38 @@ def _mlp_body(case: Case, num_stages: int, x, y):
         return paddle.mean(paddle.square(h - y))
 
 
+def _cf_body(case: Case, num_stages: int, x, y):
+    """The MLP with control flow as dy2static lowers it: a ``while`` (with an ``if`` nested in
+    its body) in stage 0, an ``if`` on a tensor in the loss (DeepSeek's criterion: ``if count
+    == 0``)."""
+    h = x
+    for stage in range(num_stages):
+        with pir_chunk_id_guard(stage):
+            linear = paddle.nn.Linear(HIDDEN, HIDDEN)
+            h = h + paddle.tanh(linear(h))
+            if stage == 0:
+                h = _refine(linear, h)
+            if case.dropout:
+                h = paddle.nn.functional.dropout(h, case.dropout)
+    with pir_chunk_id_guard(num_stages - 1):
+        # DeepSeek's criterion counts its valid labels and returns 0 for none; here every label
+        # counts (a condition on the micro-batch's contents would make the full batch differ)
+        err = paddle.mean(paddle.square(h - y))
+        count = paddle.sum(paddle.isfinite(y).astype("float32"))
+        return paddle.static.nn.cond(count == 0, lambda: err * 0.0, lambda: err * 2.0)
+
+
+def _refine(linear, h):
+    """Two more residual steps of ``linear`` in a ``while``; the first through an ``if``."""
+    def body(i, h):
+        step = paddle.static.nn.cond(i < 1, lambda: paddle.tanh(linear(h)),
+                                     lambda: 0.5 * paddle.tanh(linear(h)))
+        return [i + 1, h + step]
+    _, h = paddle.static.nn.while_loop(lambda i, h: i < 2, body,
+                                       [paddle.full([1], 0, "int64"), h])
+    return h
+
+
 def feed_specs(case: Case):
     if case.model == "lm":
         return [("tokens", [-1, SEQ], "int64"), ("labels", [-1, SEQ], "int64")]
@@ -140,7 +173,7 @@ def build(case: Case, num_stages: int, train: bool = True, name_loss: bool = Tru
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
         feeds = [paddle.static.data(n, s, d) for n, s, d in feed_specs(case)]
-        body = _lm_body if case.model == "lm" else _mlp_body
+        body = {"lm": _lm_body, "mlp": _mlp_body, "cf": _cf_body}[case.model]
         loss = body(case, num_stages, *feeds)
         if train:
             _minimize(case, loss)
