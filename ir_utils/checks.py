@@ -22,6 +22,7 @@ import numpy as np
 from paddle.base.data_feeder import _PADDLE_PIR_DTYPE_2_NUMPY_DTYPE
 
 from .complete import GRAD_OP_RE, OPTIMIZER_OP_RE, SINK_OPS, is_source_op
+from .regions import inputs_of
 from .roles import ACC_SUFFIX, COUNT_PREFIX, ROLE_BACKWARD, ROLE_FORWARD
 
 DATA_OP = "pd_op.data"
@@ -101,9 +102,7 @@ def check_stage_flow(program) -> None:
         if placed[op] is None or op in sinks:
             continue
         role, stage = placed[op]
-        for value in op.operands_source():
-            if value is None or not value.initialized():
-                continue
+        for value in inputs_of(op):  # (a control-flow op's captured values too)
             producer = value.get_defining_op()
             if producer is None:
                 continue

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pipesplit.ir_utils.regions import inputs_of
+
 #: ops Paddle's check fills by rules of their own (left to it)
 _PADDLE_FILLS = ("pd_op.data", "builtin.parameter", "pd_op.full", "pd_op.full_int_array",
                  "dist_op.dtensor_from_local", "dist_op.dtensor_to_local")
@@ -30,8 +32,7 @@ def _agreed(chunks) -> Optional[int]:
 def chunk_from_data(op) -> Optional[int]:
     """The one chunk of the ops ``op`` reads from, else of the ops reading it; None when
     they name none or several."""
-    sources = [op.operand_source(i).get_defining_op() for i in range(op.num_operands())
-               if op.operand_source(i).initialized()]
+    sources = [v.get_defining_op() for v in inputs_of(op)]  # captured values too
     chunk = _agreed(_chunk(s) for s in sources if s is not None)
     if chunk is None:
         chunk = _agreed(_chunk(user) for i in range(op.num_results())
