@@ -101,6 +101,31 @@ def lm_loss(logits, labels):
     return F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), labels.reshape([-1, 1]))
 
 
+def masked_lm_loss(logits, labels):
+    """The mean over the tokens that carry a loss, written as PaddleNLP's DeepSeek-V3 criterion
+    writes it: a Python ``if`` on a tensor, which ``dist.to_static`` turns into control flow
+    in the program (a ``pd_op.if`` and its backward)."""
+    token_loss = F.cross_entropy(logits.reshape([-1, logits.shape[-1]]),
+                                 labels.reshape([-1, 1]), reduction="none")
+    counted = paddle.where(token_loss > 0, paddle.ones_like(token_loss),
+                           paddle.zeros_like(token_loss))
+    count = paddle.sum(counted)
+    if count == 0:
+        loss = paddle.sum(token_loss * counted)
+    else:
+        loss = paddle.sum(token_loss * counted) / count
+    return loss
+
+
+LOSSES = {"mean": lm_loss, "masked": masked_lm_loss}
+
+
+def control_flow_ops(dist_model) -> int:
+    """The control-flow ops (``if``, ``while``) of this rank's training program."""
+    program = dist_model.dist_main_program("train")
+    return sum(1 for op in program.global_block().ops if op.num_regions() > 0)
+
+
 class TokenData(paddle.io.Dataset):
     """Random token sequences (seeded) and their next-token labels."""
 
@@ -161,9 +186,9 @@ def reference(args):
             for xm, ym in zip(paddle.split(x, args.m), paddle.split(y, args.m)):
                 if mode == "eval":
                     with paddle.no_grad():
-                        per_mb.append(float(lm_loss(model(xm), ym)))
+                        per_mb.append(float(LOSSES[args.loss](model(xm), ym)))
                     continue
-                loss = lm_loss(model(xm), ym)
+                loss = LOSSES[args.loss](model(xm), ym)
                 (loss / args.m).backward()
                 per_mb.append(float(loss))
             if mode == "train":
@@ -302,6 +327,9 @@ def parse_args(argv=None):
     clip.add_argument("--clip-by-value", type=float, default=None,
                       help="paddle.nn.ClipGradByValue bound")
     p.add_argument("--split-backward", action="store_true")
+    p.add_argument("--loss", choices=sorted(LOSSES), default="mean",
+                   help="mean: cross entropy; masked: the mean over tokens with a loss, with "
+                        "DeepSeek-V3's `if count == 0` (control flow in the program)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--paddle", action="store_true",
                    help="use Paddle's own pipeline pass (FThenB, 1F1B, VPP) instead of pipesplit")
@@ -387,7 +415,8 @@ def main(argv=None) -> int:
         dist_loader = dist.shard_dataloader(loader, meshes=[meshes[0], meshes[-1]])
     else:  # every rank is fed the whole batch; each data op goes with its first reader
         dist_loader = loader
-    dist_model = dist.to_static(model, dist_loader, lm_loss, opt, make_strategy(args))
+    dist_model = dist.to_static(model, dist_loader, LOSSES[args.loss], opt,
+                                make_strategy(args))
 
     def resume(old_model, old_opt):
         """--resume-at: save this rank's state, then what a new process does: build the model,
@@ -400,7 +429,7 @@ def main(argv=None) -> int:
             fresh.enter_context(new_process())
             new_layer = build(args, block_mesh)
             new_opt = make_optimizer(args, new_layer.parameters())
-            new_model = dist.to_static(new_layer, dist_loader, lm_loss, new_opt,
+            new_model = dist.to_static(new_layer, dist_loader, LOSSES[args.loss], new_opt,
                                        make_strategy(args))
             load_checkpoint(new_model, new_opt, path, args.resume_load)
         finally:
@@ -422,7 +451,8 @@ def main(argv=None) -> int:
     mine = {"rank": rank, "max_param_diff": max(diffs, default=0.0), "num_params": len(diffs),
             "losses": {k: got[k] for k in ("losses", "eval_losses")} if holds_loss else None,
             "eval_param_change": eval_change, "predict_diff": predict_diff,
-            "replanned": None if args.paddle else replan_record(dist_model)}
+            "replanned": None if args.paddle else replan_record(dist_model),
+            "control_flow_ops": control_flow_ops(dist_model)}
     everyone = exchange(rank, world, mine, key=f"{args.tag}/result")
     holder = next(r for r in everyone if r["losses"] is not None)
     if rank == holder["rank"]:
@@ -440,6 +470,7 @@ def main(argv=None) -> int:
                   "max_param_diff": max(r["max_param_diff"] for r in everyone),
                   "replanned": [r["replanned"] for r in everyone],
                   "params_compared": sum(r["num_params"] for r in everyone),
+                  "control_flow_ops": sum(r["control_flow_ops"] for r in everyone),
                   "max_loss_diff": max(abs(a - b) for o, t in zip(ours, theirs)
                                        for a, b in zip(o, t))}
         print(f"{args.schedule} pp={world} vpp={args.vpp} m={args.m}: max |loss - reference| "

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from pipesplit.ir_utils.regions import inner_ops
+
+
 def _stage_move(op) -> bool:
     """A ``dist_op.reshard`` that only moves a value to another mesh of the same shape with the
     same placements: a boundary between pipeline stages (any number of mesh axes)."""
@@ -110,6 +113,7 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     following the layer.  Paddle's ``complete_chunk_id`` then finds non-monotonic (custom)
     meshes, keeps them and sets chunk = s // pp.  Returns False (and changes nothing) when
     the meshes are not in model order (the user placed them)."""
+    from paddle.distributed.auto_parallel.static.mix_to_dist_pass import dist_skip_op_list
     from paddle.distributed.auto_parallel.static.pir_pass import _set_process_mesh_and_chunk_id
     from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
     import paddle
@@ -127,8 +131,11 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     for op in dist_program.global_block().ops:
         if op.id() in target:
             mesh, chunk, _ = target[op.id()]
-            _set_process_mesh_and_chunk_id(op, mesh, chunk, set_input_mesh=True,
-                                           set_output_mesh=True)
+            # a control-flow op moves with its regions (Paddle's setter sees one op)
+            for placed in (op, *inner_ops(op)):
+                if placed.dist_attr is not None or placed.name() in dist_skip_op_list:
+                    _set_process_mesh_and_chunk_id(placed, mesh, chunk, set_input_mesh=True,
+                                                   set_output_mesh=True)
     for out, src_attr, src, dst, chunk, dst_attr, reader in moved.values():
         if src_attr is not None:  # (a reshard from a mesh that stays was made right)
             _describe_stage_reshard(out, src_attr, src, dst, chunk, dst_attr)
