@@ -51,7 +51,7 @@ from pipesplit.passes.engine import paddle_patches
 require_supported_paddle()
 
 __all__ = ["MemoryBudgetError", "Replanned", "check_strategy", "config_from_strategy", "disable_strategy",
-           "enable_strategy", "is_strategy_enabled", "last_pipeline", "measure_costs",
+           "enable_strategy", "is_strategy_enabled", "last_pipeline", "measure_costs", "notices",
            "pipe_from_strategy", "pipeline_pass", "plan_of", "record_pipe", "replan", "replanned",
            "requested_schedule", "reshard_after_forward", "use_costs", "use_memory_budget"]
 
@@ -123,6 +123,14 @@ def replanned(dist_model):
     measured, the costs, the plans before and after), or None."""
     session = session_of_engine(_engine_of(dist_model))
     return None if session is None else session.replanned
+
+
+def notices(dist_model) -> tuple:
+    """The lines ``dist_model``'s engine said once about the strategy fields it set that have
+    no effect here or are done differently from what they ask (the table in
+    ``docs/engine.md``, "Every knob"); () for Paddle's own schedules."""
+    session = session_of_engine(_engine_of(dist_model))
+    return () if session is None else session.notices
 
 
 def plan_of(dist_model, mode: str = "train"):

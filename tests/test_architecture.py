@@ -527,7 +527,8 @@ def _declared_ways():
     return tuple(e.id for e in ways.elts if e.id not in BACKEND_CONSTANTS)
 
 
-#: the ways only the transport reads: ``BROADCAST``, ``WORLD_RING``, ``LOCKSTEP``
+#: the ways only the transport reads: ``BROADCAST``, ``WORLD_RING``, ``LOCKSTEP``,
+#: ``NCCL_ON_COMPUTE_STREAM``
 WAY_CONSTANTS = _declared_ways()
 #: library files outside the transport allowed to resolve a device, each with why
 DEVICE_DECISIONS_ALLOWED = {
@@ -553,7 +554,7 @@ def test_the_scan_sees_device_decisions():
             'if t.way == WORLD_RING: pass\nx = LOCKSTEP\nhandler = table[plan.way]\n'
             'y = t.backend\nz = rank_plan_transport("cpu", 2)\n'
             'def f():\n    return resolve_device("auto")\nw = "the way"\n')
-    assert set(WAY_CONSTANTS) == {"BROADCAST", "WORLD_RING", "LOCKSTEP"}
+    assert set(WAY_CONSTANTS) == {"BROADCAST", "WORLD_RING", "LOCKSTEP", "NCCL_ON_COMPUTE_STREAM"}
     assert sorted({line for line, _ in _device_decisions(ast.parse(code))}) == [1, 2, 3, 4, 5, 9]
 
 

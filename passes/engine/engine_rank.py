@@ -160,9 +160,10 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
             src, dst = pipe.process_of(src), pipe.process_of(dst)
         if any(int(s) < 0 for s in value_type.shape):
             raise ValueError(f"{op.name()} of {job_type(kind, chunk)} has a dynamic shape "
-                             f"{list(value_type.shape)}; pipesplit's engine path needs the static "
-                             "micro-batch shapes the engine gives (set "
-                             "strategy.pipeline.micro_batch_size)")
+                             f"{list(value_type.shape)}; pipesplit's engine path needs static "
+                             "micro-batch shapes: give dist.to_static a loader of fixed-size "
+                             "batches (drop_last=True), whose first batch the engine traces, "
+                             "and no -1 in the model's own shapes between stages")
         op.erase()
         out.append(EngineTransfer(kind, chunk, Transfer(name, value_type, src, dst, src_stage,
                                                         dst_stage, ring)))

@@ -17,9 +17,12 @@ from pipesplit.passes.engine.chunk_fill import fill_chunk_ids
 from pipesplit.passes.transport.devices import needs_cpu_support
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.engine_rank import is_engine_program
+from pipesplit.passes.engine.knobs import refuse_what_cannot_work
 from pipesplit.passes.engine.loader_checks import check_loader
+from pipesplit.passes.engine.open_state import opening_of
 from pipesplit.passes.engine.session import (EngineSession, completing_meshes,
                                              paddle_sees_vpp, session_of, session_of_engine)
+from pipesplit.passes.engine.strategy_checks import check_fields
 from pipesplit.passes.engine.strategy_config import config_from_strategy
 from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.split.pipeline import split_and_schedule
@@ -204,8 +207,26 @@ def checks_before_the_engine(original):
     def __init__(self, layer, loader, *args, **kwargs):
         _check_the_loader(loader, args, kwargs)
         _check_cpu_support_came_first()
+        _refuse_knobs_that_cannot_work(args, kwargs)
         original(self, layer, loader, *args, **kwargs)
     return __init__
+
+
+def _refuse_knobs_that_cannot_work(args, kwargs) -> None:
+    """A strategy field that cannot work beside the pipeline (:mod:`.knobs`) is refused
+    before Paddle's ``DistModel`` starts (tensor fusion stops inside it on a CPU build); a
+    field of the wrong type is left to the strategy check, which names it."""
+    strategy = kwargs.get("strategy", args[2] if len(args) > 2 else None)
+    pipeline = getattr(strategy, "pipeline", None)
+    if not getattr(pipeline, "enable", False):
+        return
+    try:
+        check_fields(pipeline)
+    except (TypeError, ValueError):
+        return  # (the engine's opening names it)
+    opening = opening_of(strategy, needs_cpu_support())
+    if opening is not None:
+        refuse_what_cannot_work(opening)
 
 
 def _check_the_loader(loader, args, kwargs) -> None:

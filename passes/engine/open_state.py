@@ -6,7 +6,11 @@ request once (:func:`~.strategy_config.resolve_request`); every later moment rea
 session."""
 from __future__ import annotations
 
+from typing import Optional
+
+from pipesplit.passes.engine import knobs
 from pipesplit.passes.engine.state import EngineState, options_of
+from pipesplit.passes.engine.strategy_config import requested_spec
 from pipesplit.passes.engine.user_options import measured_step
 
 #: ``strategy.pipeline.pp_degree`` when the user leaves it alone (Paddle's default)
@@ -37,7 +41,11 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
     * ``gradient_merge.enable`` beside the pipeline (checked by
       :func:`~.strategy_checks.check_gradient_merge`): ``k_steps = accumulate_steps``, what
       Paddle's engine sets when it builds the training program, set before the engine sizes
-      its data specs by it."""
+      its data specs by it;
+    * ``pipeline.auto_parallel_sync_shared_params`` off: a weight read on another stage is
+      served by pipesplit's own exchange (:mod:`.shared_parameters`), not Paddle's sync pass,
+      whose program pipesplit's exchange would not find (the line said:
+      :mod:`.knobs`)."""
     pipeline = strategy.pipeline
     if pipeline.pp_degree == _DEFAULT_PP_DEGREE:
         stages = stage_mesh_count(model)
@@ -46,6 +54,8 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
     merge = getattr(strategy, "gradient_merge", None)
     if merge is not None and merge.enable:
         merge.k_steps = pipeline.accumulate_steps
+    # a weight read on another stage is pipesplit's own exchange's (knobs: the line said)
+    pipeline.auto_parallel_sync_shared_params = False
 
 
 def check_and_fill_in(strategy, model, world_size: int) -> None:
@@ -72,15 +82,50 @@ def open_engine_state(engine, make=EngineState) -> EngineState:
     import paddle
     import paddle.distributed as dist
 
-    from pipesplit.passes.engine.strategy_checks import block_sizes, checked_request
+    from pipesplit.passes.engine.strategy_checks import (block_sizes, check_fields,
+                                                         checked_request)
     from pipesplit.passes.engine.surgery import placements_of
     from pipesplit.passes.transport.devices import transport_for
 
-    pipeline = engine._strategy.pipeline
-    check_and_fill_in(engine._strategy, engine._model, dist.get_world_size())
+    strategy = engine._strategy
+    pipeline = strategy.pipeline
+    transport = transport_for("auto")
+    check_fields(pipeline)
+    notices = said_of_the_knobs(strategy, transport.needs_cpu_support)
+    check_and_fill_in(strategy, engine._model, dist.get_world_size())
     request, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
     return make(request=request, checked=checked, options=options_of(pipeline),
                 measure_step=measured_step(pipeline, request),
                 user_placements=placements_of(engine._model),
                 parameter_names=frozenset(p.name for p in engine._model.parameters()),
-                scope=paddle.static.global_scope(), transport=transport_for("auto"))
+                scope=paddle.static.global_scope(),
+                transport=transport.with_overlap(bool(pipeline.enable_send_recv_overlap)),
+                notices=notices, asked_micro_batch_size=pipeline.micro_batch_size)
+
+
+def opening_of(strategy, on_cpu: bool) -> Optional[knobs.Opening]:
+    """The :class:`~.knobs.Opening` of ``strategy`` (the whole ``dist.Strategy``); None when its
+    ``schedule_mode`` names no schedule (the strategy check names that)."""
+    pipeline = strategy.pipeline
+    try:
+        spec = requested_spec(pipeline)
+    except ValueError:
+        return None
+    options = options_of(pipeline)
+    return knobs.Opening(strategy=strategy, on_cpu=on_cpu, spec=spec,
+                   replans=spec.searches and measured_step(pipeline) is not None,
+                   costs_given=options.costs is not None,
+                   budget_given=options.memory_budget is not None)
+
+
+def said_of_the_knobs(strategy, on_cpu: bool) -> tuple:
+    """The knobs' refusals (:func:`~.knobs.refuse_what_cannot_work`), then their lines said
+    once (:func:`~.knobs.notices_at_the_opening`), read before the opening fills anything
+    in."""
+    opening = opening_of(strategy, on_cpu)
+    if opening is None:
+        return ()
+    knobs.refuse_what_cannot_work(opening)
+    notices = knobs.notices_at_the_opening(opening)
+    knobs.say(notices)
+    return notices

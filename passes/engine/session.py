@@ -40,6 +40,7 @@ from pipesplit.passes.engine.block_placement import (assign_placement, check_blo
                                                      parameters_read_elsewhere)
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.engine_rank import is_engine_program
+from pipesplit.passes.engine.knobs import micro_batch_notice, say
 from pipesplit.passes.engine.loader_checks import (check_batch, check_labels_are_class_ids,
                                                    leading_dims)
 from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
@@ -312,9 +313,20 @@ class EngineSession(EngineState):
                              for t in (a if isinstance(a, (list, tuple)) else [a])])
         if planned.batch_dims is None:
             planned.batch_dims = dims
+            if mode == "train" and dims and dims[0] is not None:
+                self._say_the_micro_batch(dims[0])
         names = [spec.name for spec in _as_list(engine._inputs_spec)
                  + _as_list(engine._labels_spec)]
         check_batch(dims, planned.batch_dims, names, planned.steps, mode)
+
+    def _say_the_micro_batch(self, batch: int) -> None:
+        """The first training step's line when the batch cuts into micro-batches of another
+        size than ``micro_batch_size`` asked (:func:`~.knobs.micro_batch_notice`)."""
+        line = micro_batch_notice(self.asked_micro_batch_size, batch, self.request.config.
+                                  num_micro_batches)
+        if line is not None and line not in self.notices:
+            self.notices = self.notices + (line,)
+            say([line])
 
     # --------------------------------------------------------------------- each run
     def run(self, engine, paddle_run, kwargs):

@@ -128,6 +128,11 @@ class EngineState:
     # what moves between this engine's processes: its device's Transport
     # (pipesplit.passes.transport.devices.transport_for), chosen once where the state is opened
     transport: Optional[object] = None
+    # strategy fields of no effect here or done differently, said once (passes.engine.knobs)
+    notices: tuple = ()
+    # strategy.pipeline.micro_batch_size as the user set it (said at the first step if the
+    # batch cuts otherwise: knobs.micro_batch_notice)
+    asked_micro_batch_size: Optional[int] = None
 
     def __deepcopy__(self, memo):
         return self  # one state per engine, however often Paddle copies its strategy

@@ -23,6 +23,8 @@ from pipesplit.job_list.pipe import Pipe, pipe_of
 from pipesplit.job_list.placement import Placement, SizeError
 from pipesplit.job_list.registry import ScheduleSpec, get_spec
 from pipesplit.job_list.request import PipelineConfig
+from pipesplit.passes.engine.knobs import (check_program_runtimes, memory_limit_times_given,
+                                           runtimes_given)
 from pipesplit.passes.engine.state import Request, options_of
 
 #: a size as the schedules and the pass name it -> its field of ``strategy.pipeline``
@@ -58,11 +60,14 @@ def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
     name = str(pipeline_strategy.schedule_mode)
     spec = _spec_named(name)  # the one look-up of the name
     pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
+    m = int(pipeline_strategy.accumulate_steps)
     sized = None if blocks is None else Placement(spec.placement, pp, vpp)
-    attrs = dict(num_micro_batches=int(pipeline_strategy.accumulate_steps),
-                 pp_degree=pp, vpp_degree=vpp,
+    attrs = dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp,
                  split_backward=bool(pipeline_strategy.split_backward), pp_stage=pp_stage,
-                 costs=options_of(pipeline_strategy).costs or sized_costs(sized, blocks))
+                 costs=options_of(pipeline_strategy).costs
+                 or runtimes_costs(pipeline_strategy, pp * vpp) or sized_costs(sized, blocks))
+    if spec.searches and memory_limit_times_given(pipeline_strategy):
+        attrs["memory_limit"] = times_1f1b_peak(pipeline_strategy.memory_limit_times, pp, vpp, m)
     try:
         config = PipelineConfig.from_attrs(spec, attrs)
     except SizeError as e:
@@ -70,6 +75,30 @@ def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
     except ValueError as e:
         raise ValueError(f"strategy.pipeline: {e}") from None
     return Request(name, config)
+
+
+def runtimes_costs(pipeline_strategy, stages: int) -> Optional[Costs]:
+    """The job costs of ``strategy.pipeline.program_runtimes`` (Paddle's [forward, backward_b,
+    backward_w, loss, communication], its zero-bubble pass's reading) when the user set it:
+    the loss's time is the last stage's forward's more, the communication the latency of a
+    transfer.  None while it holds Paddle's default."""
+    if not runtimes_given(pipeline_strategy):
+        return None
+    forward, backward_b, backward_w, loss, comm = check_program_runtimes(
+        pipeline_strategy.program_runtimes)
+    return Costs(forward=[forward] * (stages - 1) + [forward + loss], backward_b=backward_b,
+                 backward_w=backward_w, comm=comm)
+
+
+def times_1f1b_peak(times: float, pp: int, vpp: int, m: int) -> list:
+    """``auto``'s memory limit per rank for ``memory_limit_times``: that many times the peak
+    1F1B reaches on the rank, in the simulator's units of one virtual stage's activations
+    (a rank's layers are ``vpp`` such stages)."""
+    from pipesplit.job_list import build_schedule
+    from pipesplit.job_list.simulate import simulate
+
+    peaks = simulate(build_schedule("1F1B", pp=pp, vpp=1, m=m)).peak_memory
+    return [times * peak * vpp for peak in peaks]
 
 
 def stage_pipe(dist_program, pp: int) -> Pipe:

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.registry import ScheduleSpec, searching_schedules
+from pipesplit.passes.engine.knobs import runtimes_given
 from pipesplit.passes.engine.state import DEFAULT_MEASURE, Request, options_of, set_options
 from pipesplit.passes.engine.strategy_config import requested_spec
 from pipesplit.passes.measure.replan import MEASURED_STEP
@@ -117,7 +118,8 @@ def measured_step(pipeline_strategy, request: Optional[Request] = None) -> Optio
     if options.measure_step != DEFAULT_MEASURE:
         return options.measure_step
     searches = _schedule_of(pipeline_strategy, request)[1]
-    wanted = options.memory_budget is not None or (options.costs is None and measured_on_host())
+    costs_given = options.costs is not None or runtimes_given(pipeline_strategy)
+    wanted = options.memory_budget is not None or (not costs_given and measured_on_host())
     return MEASURED_STEP if searches and wanted else None
 
 

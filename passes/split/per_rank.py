@@ -280,18 +280,21 @@ def _all_reduced_partial_sum(chain, terms, all_reduce_sum):
 
 
 def build_rank_plan(main_program, startup_program, config: PipelineConfig,
-                    device: str = "auto", progress: bool = True, built=None):
+                    device: str = "auto", progress: bool = True, built=None,
+                    overlap: bool = True):
     """The :class:`~pipesplit.passes.split.core.PipelinePlan` of rank ``config.pp_stage``.
 
     ``device``: "cpu" (gloo broadcasts on the world ring, any pp_degree), "gpu" (NCCL send_v2 / recv_v2) or
     "auto" (from Paddle's current expected place).  ``progress``: comm programs bump the
     persistable counter :data:`pipesplit.passes.transport.p2p.PROGRESS_VAR` (zero it per step) so a
-    watchdog can name the comm job a stuck rank waits in.
+    watchdog can name the comm job a stuck rank waits in.  ``overlap`` (NCCL): transfers on
+    streams of their own, tied to their producers and consumers by events, or on the compute
+    stream in job order (``strategy.pipeline.enable_send_recv_overlap``).
     """
     rank = config.pp_stage
     if rank is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
-    transport = rank_plan_transport(device, config.pp_degree)
+    transport = rank_plan_transport(device, config.pp_degree, overlap)
     opened = open_schedule(config, main_program, built)
     schedule, lowered = opened.schedule, opened.lowered
     split, report = split_sub_programs(main_program, config, schedule=schedule)

@@ -42,4 +42,6 @@ BROADCAST = "broadcast"
 WORLD_RING = "world_ring"
 #: every collective of every job a world gather, all processes in one global order
 LOCKSTEP = "lockstep"
-WAYS = (NCCL, BROADCAST, WORLD_RING, LOCKSTEP)
+#: NCCL send / recv on the compute stream, in job order (``enable_send_recv_overlap`` False)
+NCCL_ON_COMPUTE_STREAM = "nccl_on_compute_stream"
+WAYS = (NCCL, NCCL_ON_COMPUTE_STREAM, BROADCAST, WORLD_RING, LOCKSTEP)

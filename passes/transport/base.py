@@ -48,6 +48,9 @@ class Transport:
     way: Optional[str] = None
     #: the processes of the launch, as :meth:`for_plan` was given them
     world: Optional[int] = None
+    #: transfers on streams of their own, overlapping compute, where the device has such
+    #: streams (``strategy.pipeline.enable_send_recv_overlap``; a per-rank plan's default)
+    overlap: bool = True
 
     #: the device type this class serves (:func:`~.devices.resolve_device`'s answer): its key
     #: in the registry
@@ -112,6 +115,10 @@ class Transport:
                              f"has no handler for (it has {sorted(self.RANK_COMM)})")
         return replace(self, way=way, world=world)
 
+    def with_overlap(self, overlap: bool) -> "Transport":
+        """This transport with transfers overlapping compute (:attr:`overlap`) or not."""
+        return replace(self, overlap=overlap)
+
     def _planned(self) -> str:
         if self.way is None:
             raise ValueError(f"{type(self).__name__}: no plan's way chosen yet (for_plan)")
@@ -137,7 +144,8 @@ class Transport:
         """(program, comm ops) of one comm job (:func:`~.p2p.build_comm_program`); ``progress``:
         the plan counts progress (where the transport does)."""
         return p2p.build_comm_program(transfers, rank, self.program_style, ring_ids=ring_ids,
-                                  progress=progress and self.counts_progress)
+                                      progress=progress and self.counts_progress,
+                                      own_streams=self.overlap)
 
     def prepare_optimizer(self, optimizer, process: int) -> None:
         """Make the engine's optimizer program's own exchanges (clipping's norms) runnable on

@@ -47,11 +47,12 @@ def transport_for(device: str = "auto") -> Transport:
     return DEVICE_TRANSPORTS[resolve_device(device)]()
 
 
-def rank_plan_transport(device: str, pp: int) -> Transport:
+def rank_plan_transport(device: str, pp: int, overlap: bool = True) -> Transport:
     """The transport of a per-rank plan of a launch that runs one process per pipeline rank
     (:func:`pipesplit.passes.split.per_rank.build_rank_plan`): ``device``'s
-    (:func:`transport_for`), its way chosen for ``pp`` processes and ``pp`` ranks."""
-    return transport_for(device).for_plan(pp, pp)
+    (:func:`transport_for`), transfers overlapping compute or not (``overlap``), its way
+    chosen for ``pp`` processes and ``pp`` ranks."""
+    return transport_for(device).with_overlap(overlap).for_plan(pp, pp)
 
 
 def measured_on_host() -> bool:

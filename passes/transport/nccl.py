@@ -3,7 +3,8 @@
 A per-rank plan makes one p2p ring per pair of pipeline ranks holding adjacent stages and one
 ring of every pipeline rank for the optimizer's all-reduces; the engine's plan keeps the rings
 Paddle's reshard made.  Sends and recvs run on their own streams, ordered against their
-producers and consumers by events (:func:`~.rank_comm.own_jobs_on_streams`).  The loss is handed on
+producers and consumers by events (:func:`~.rank_comm.own_jobs_on_streams`), or, without
+``enable_send_recv_overlap``, on the compute stream in job order (:func:`~.rank_comm.own_jobs`).  The loss is handed on
 through the launcher's TCP store (the engine need not have a world ring).
 """
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Dict, Iterable, Optional, Tuple
 
 import paddle
 
-from pipesplit.passes.transport import NCCL
+from pipesplit.passes.transport import NCCL, NCCL_ON_COMPUTE_STREAM
 from pipesplit.passes.transport.base import Transport
 from pipesplit.passes.transport.loss_carriers import StoredLoss
 from pipesplit.passes.transport.p2p import ring_pair
-from pipesplit.passes.transport.rank_comm import own_jobs_on_streams
+from pipesplit.passes.transport.rank_comm import own_jobs, own_jobs_on_streams
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class NcclTransport(Transport):
     device = "gpu"
     backend = NCCL
     program_style = NCCL
-    RANK_COMM = MappingProxyType({NCCL: own_jobs_on_streams})
+    #: on streams of their own, tied to their producers and consumers by events (overlap), or
+    #: on the compute stream, in job order (``enable_send_recv_overlap = False``)
+    RANK_COMM = MappingProxyType({NCCL: own_jobs_on_streams, NCCL_ON_COMPUTE_STREAM: own_jobs})
 
     @classmethod
     def holds(cls, place) -> bool:
@@ -54,7 +57,7 @@ class NcclTransport(Transport):
         return self.device_place()
 
     def pick(self, world: int, pp: int, optimizer_exchanges: bool) -> str:
-        return NCCL
+        return NCCL if self.overlap else NCCL_ON_COMPUTE_STREAM
 
     def p2p_rings(self, schedule) -> Dict[Tuple[int, int], int]:
         """One NCCL p2p ring per pair of ranks holding adjacent stages, created in the same

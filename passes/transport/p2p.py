@@ -148,13 +148,15 @@ def _progress_type():
 
 def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *,
                        ring_ids: Optional[Dict[Tuple[int, int], int]] = None,
-                       progress: bool = False) -> Tuple["paddle.pir.Program", List[object]]:
+                       progress: bool = False,
+                       own_streams: bool = True) -> Tuple["paddle.pir.Program", List[object]]:
     """The send / recv sub-program of one comm job on ``rank``: every transfer of
     ``transfers`` with ``src == rank`` is sent, every one with ``dst == rank`` is received, in
     the given order (both ends must use the same order).  Returns (program, comm ops), the comm
     ops in transfer order (``pd_op.broadcast_`` or ``pd_op.send_v2`` / ``pd_op.recv_v2``).
 
-    ``ring_ids`` (nccl): ring id of each rank pair ``(low, high)``.
+    ``ring_ids`` (nccl): ring id of each rank pair ``(low, high)``.  ``own_streams`` (nccl):
+    the send / recv ops run on streams of their own (else on the compute stream).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -172,12 +174,13 @@ def build_comm_program(transfers: Sequence[Transfer], rank: int, backend: str, *
             if backend == "gloo":
                 out = _gloo_transfer(block, t, "send" if sending else "recv", place, comm_ops)
             elif t.ring is not None:
-                out = _nccl_transfer(block, t, sending, place, t.ring, comm_ops)
+                out = _nccl_transfer(block, t, sending, place, t.ring, comm_ops, own_streams)
             else:
                 pair = ring_pair(t.src, t.dst)
                 if ring_ids is None or pair not in ring_ids:
                     raise ValueError(f"no ring id for rank pair {pair}")
-                out = _nccl_transfer(block, t, sending, place, (ring_ids[pair], pair), comm_ops)
+                out = _nccl_transfer(block, t, sending, place, (ring_ids[pair], pair), comm_ops,
+                                     own_streams)
             last = out if out is not None else last
         if progress and last is not None:  # once per comm job: the watchdog counts jobs
             _bump_progress(block, last, place)
@@ -281,7 +284,7 @@ def _gloo_transfer(block, t: Transfer, role: str, place, comm_ops):
     return out
 
 
-def _nccl_transfer(block, t: Transfer, sending: bool, place, ring, comm_ops):
+def _nccl_transfer(block, t: Transfer, sending: bool, place, ring, comm_ops, own_streams):
     ring_id, ring_ranks = ring
     peer = t.dst if sending else t.src
     local_peer = list(ring_ranks).index(peer)  # send_v2 / recv_v2 take the peer's ring rank
@@ -289,8 +292,9 @@ def _nccl_transfer(block, t: Transfer, sending: bool, place, ring, comm_ops):
         x = _kwarg(block, t, place)
         paddle._C_ops.send_v2(x, ring_id, local_peer, True, t.is_dynamic)
         op = block.ops[-1]
-        op.set_execution_stream(f"send_stream_{ring_id}")
-        op.set_scheduling_priority(0)
+        if own_streams:
+            op.set_execution_stream(f"send_stream_{ring_id}")
+            op.set_scheduling_priority(0)
         op.set_int_attr("pipesplit_peer", peer)
         comm_ops.append(op)
         return None
@@ -298,8 +302,9 @@ def _nccl_transfer(block, t: Transfer, sending: bool, place, ring, comm_ops):
     out = paddle._C_ops.recv_v2(shape, t.dtype, local_peer, ring_id, True, t.is_dynamic)
     out.set_type(t.value_type)
     op = out.get_defining_op()
-    op.set_execution_stream("recv_stream")
-    op.set_scheduling_priority(0)
+    if own_streams:
+        op.set_execution_stream("recv_stream")
+        op.set_scheduling_priority(0)
     op.set_int_attr("pipesplit_peer", peer)
     comm_ops.append(op)
     paddle._C_ops.set_persistable_value(out, t.name)

@@ -23,7 +23,8 @@ from typing import Iterable, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
-from pipesplit.passes.transport import BROADCAST, LOCKSTEP, NCCL, WAYS, WORLD_RING
+from pipesplit.passes.transport import (BROADCAST, LOCKSTEP, NCCL, NCCL_ON_COMPUTE_STREAM, WAYS,
+                                       WORLD_RING)
 from pipesplit.passes.transport.p2p import CPU_RING_ID
 from pipesplit.passes.transport.world_ring import gather_rows
 
@@ -78,7 +79,7 @@ def step_program(transfers: Sequence[StepTransfer], process: int, way: str, worl
     if zeroed and place is None:
         raise ValueError("step_program: zeroing scope variables needs the device's place")
     mine = [t for t in transfers if process in (t.src, t.dst)]
-    if not zeroed and not (mine if way == NCCL else transfers):
+    if not zeroed and not (mine if way in (NCCL, NCCL_ON_COMPUTE_STREAM) else transfers):
         return None
     program = paddle.pir.Program()
     block = program.global_block()

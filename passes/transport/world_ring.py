@@ -103,7 +103,9 @@ def emulate_group_collectives(program, process: int, world: int,
         shape, dtype = tuple(int(d) for d in x.shape), _dtype_name(x.dtype)
         if any(d < 0 for d in shape):
             raise ValueError(f"{op.name()} of a dynamic shape {list(shape)}: the CPU hybrid "
-                             "transport needs static shapes (strategy.pipeline.micro_batch_size)")
+                             "transport needs static shapes: give dist.to_static a loader of "
+                             "fixed-size batches (drop_last=True) and no -1 in the model's own "
+                             "shapes")
         _emulate_one(block, op, world, members, process)
         signature.append((shape, dtype))
     paddle.pir.set_insertion_point_to_block_end(block)

@@ -9,7 +9,8 @@ import paddle
 import pytest
 
 from _paths import REPO
-from pipesplit.passes.transport import BROADCAST, GLOO, LOCKSTEP, NCCL, WORLD_RING, devices
+from pipesplit.passes.transport import (BROADCAST, GLOO, LOCKSTEP, NCCL, NCCL_ON_COMPUTE_STREAM,
+                                       WORLD_RING, devices)
 from pipesplit.passes.transport.devices import (DEVICE_TRANSPORTS, DEVICES, resolve_device,
                                                 transport_for)
 from pipesplit.passes.transport.gloo import GlooTransport
@@ -56,7 +57,7 @@ def test_what_each_device_decides():
     # their producers / consumers by stream events)
     assert dict(cpu.RANK_COMM) == {BROADCAST: own_jobs, WORLD_RING: world_ring_jobs,
                                    LOCKSTEP: lockstep_jobs}
-    assert dict(gpu.RANK_COMM) == {NCCL: own_jobs_on_streams}
+    assert dict(gpu.RANK_COMM) == {NCCL: own_jobs_on_streams, NCCL_ON_COMPUTE_STREAM: own_jobs}
     assert (cpu.needs_cpu_support, gpu.needs_cpu_support) == (True, False)
     assert (cpu.program_style, gpu.program_style) == (GLOO, NCCL)
     assert isinstance(cpu.loss_carrier(4, 2), GatheredLoss)
@@ -119,5 +120,6 @@ def test_a_way_without_its_handler_is_refused():
             return BROADCAST
 
     with pytest.raises(ValueError, match=r"gave 'broadcast', which its RANK_COMM has no "
-                                         r"handler for \(it has \['nccl'\]\)"):
+                                         r"handler for \(it has \['nccl', "
+                                         r"'nccl_on_compute_stream'\]\)"):
         HalfDone().for_plan(2, 2)

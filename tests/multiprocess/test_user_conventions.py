@@ -52,6 +52,51 @@ TWO_PROCESSES = [
     # drop_last whose short last batch the trainer's max_steps never draws
     {"tag": "ZBV_lazy_short_last_batch", "schedule": "ZBV", "vpp": 2, "lazy": True,
      "extra_samples": 3},
+] + [
+    # the strategy's knobs (docs/engine.md, "Every knob"), as a user sets them: each trains equal
+    # to the reference and the run says the field it does not serve as asked; a tied embedding
+    # with Paddle's shared-parameter sync asked for trains through every schedule
+    {"tag": f"{name}_tied_sync_shared_params", "schedule": name,
+     "vpp": 2 if name in ("VPP", "InterleavedZB", "ZBV", "ZBVPP", "DualPipeV", "autoV") else 1,
+     "tie": True, "strategy": {"pipeline.auto_parallel_sync_shared_params": True, **more},
+     "expect_notices": ["strategy.pipeline.auto_parallel_sync_shared_params=True: a weight "
+                        "read on another stage"] + notices}
+    for name, more, notices in [
+        ("FThenB", {"gradient_merge.enable": True, "gradient_merge.avg": False},
+         ["strategy.gradient_merge.avg=False: the micro-batch gradients are averaged"]),
+        ("1F1B", {"pipeline.micro_batch_size": 3},
+         ["strategy.pipeline.micro_batch_size=3 has no effect: the batch of 8 is cut into "
+          "accumulate_steps=4 micro-batches of 2"]),
+        ("Eager1F1B", {"pipeline.generation_batch_size": 4,
+                       "pipeline.job_schedule_profiler_start": 1,
+                       "pipeline.job_schedule_profiler_stop": 2},
+         ["strategy.pipeline.generation_batch_size=4 has no effect",
+          "strategy.pipeline.job_schedule_profiler_start=1 has no effect",
+          "strategy.pipeline.job_schedule_profiler_stop=2 has no effect"]),
+        ("VPP", {}, []),
+        ("ZBH1", {}, []),
+        ("ZBH2", {}, []),
+        ("InterleavedZB", {}, []),
+        ("ZBV", {"pipeline.enable_send_recv_overlap": True},
+         ["strategy.pipeline.enable_send_recv_overlap=True has no effect on this CPU build"]),
+        ("ZBVPP", {}, []),
+        ("DualPipeV", {"pipeline.memory_limit_times": 2},
+         ["strategy.pipeline.memory_limit_times=2 has no effect on "
+          "schedule_mode='DualPipeV'"]),
+        ("auto", {"pipeline.program_runtimes": [1, 3, 1, 1, 2]}, []),
+        ("autoV", {"pipeline.memory_limit_times": 1}, []),
+    ]
+] + [
+    # fields that cannot work beside a pipeline on a CPU build: refused on every rank before
+    # anything runs, naming the field
+    {"tag": "1F1B_sharding_overlap", "schedule": "1F1B",
+     "strategy": {"sharding.enable_overlap": True},
+     "expect_error": "ValueError: strategy.sharding.enable_overlap=True beside a pipeline "
+                     "cannot run on a CPU build"},
+    {"tag": "auto_fused_passes", "schedule": "auto",
+     "strategy": {"fused_passes.enable": True, "fused_passes.gemm_epilogue": True},
+     "expect_error": "ValueError: strategy.fused_passes with schedule_mode='auto' on a CPU "
+                     "build: its measured training step re-plans"},
     # inputs fed on a later stage's mesh than the one that reads them: no forward transfer
     # can carry them there; refused on every rank before anything runs
     {"tag": "1F1B_inputs_on_the_last_stage", "schedule": "1F1B", "inputs_stage": 1,
@@ -131,9 +176,35 @@ def _check(results: dict, world: int) -> None:
             memory = [r["replanned_memory"] for r in ranks]
             assert memory[0] is not None and all(m == memory[0] for m in memory), tag
             assert max(memory[0]["predicted_peak_bytes"]) <= memory[0]["budget_bytes"], tag
+        _check_knobs(tag, ranks)
         if ranks[0]["config"]["toggle_modes"]:
             assert sorted(r["rank"] for r in ranks if r["eval_losses"]
                           and r["eval_losses"][0] is not None) == last_stage, tag
+
+
+def _check_knobs(tag: str, ranks) -> None:
+    """Every rank said each line the knobs of its config call for; ``program_runtimes`` became
+    the plan's costs (nothing measured), ``memory_limit_times`` auto's limit per rank."""
+    cfg = ranks[0]["config"]
+    for r in ranks:
+        for start in cfg.get("expect_notices", []):
+            assert any(line.startswith(start) for line in r["notices"]), \
+                (tag, r["rank"], start, r["notices"])
+    runtimes = cfg["strategy"].get("pipeline.program_runtimes")
+    if runtimes:
+        forward, b, w, loss, comm = runtimes
+        stages = cfg["pp"] * cfg["vpp"]
+        for r in ranks:
+            assert r["plan_costs"]["costs"] == {"forward": [forward] * (stages - 1)
+                                                + [forward + loss], "backward_b": b,
+                                                "backward_w": w, "comm": comm}, tag
+            assert r["replanned_memory"] is None, tag
+    times = cfg["strategy"].get("pipeline.memory_limit_times")
+    if times and cfg["schedule"] in ("auto", "autoV"):
+        # 1F1B's peak per rank at pp 2, m 4: 2 and 1 micro-batches' activations of a rank
+        assert all(r["plan_costs"]["memory_limit"] == [times * 2 * cfg["vpp"],
+                                                       times * 1 * cfg["vpp"]]
+                   for r in ranks), tag
 
 
 @pytest.mark.slow

@@ -108,3 +108,31 @@ def test_ring_per_adjacent_rank_pair():
     v = _plans("ZBVPP")
     # V placement: the turn stays on rank 3, so only neighbouring ranks talk
     assert set(v[0].rank_info.ring_ids) == {(0, 1), (1, 2), (2, 3)}
+
+
+def test_without_overlap_transfers_run_on_the_compute_stream_in_job_order():
+    """``enable_send_recv_overlap = False``: the same p2p ops, on the compute stream (no
+    execution stream of their own) and with no event edges: job order orders them."""
+    from pipesplit.ir_utils import build_mlp
+    from pipesplit.job_list.request import PipelineConfig
+    from pipesplit.passes.split.per_rank import build_rank_plan
+    from pipesplit.passes.transport import NCCL_ON_COMPUTE_STREAM
+
+    built = build_mlp(num_stages=PP * VPP, hidden=16, batch_size=2 * M)
+    overlapped = _plans("VPP")
+    for r in range(PP):
+        config = PipelineConfig.from_attrs("VPP", dict(num_micro_batches=M, pp_degree=PP,
+                                                       vpp_degree=VPP, pp_stage=r))
+        plan = build_rank_plan(built.main, built.startup, config, device="gpu", overlap=False)
+        assert plan.rank_info.transport.way == NCCL_ON_COMPUTE_STREAM
+        assert plan.job_order == overlapped[r].job_order
+        p2p = 0
+        for t, prog in plan.split.programs.items():
+            for op in prog.global_block().ops:
+                assert not _attr(op, "events_to_wait") and not _attr(op, "event_to_record"), t
+                if op.name() in ("pd_op.send_v2", "pd_op.recv_v2"):
+                    assert _attr(op, "execution_stream") in (None, "", "DefaultStream"), t
+                    p2p += 1
+        assert p2p == sum(1 for prog in overlapped[r].split.programs.values()
+                          for op in prog.global_block().ops
+                          if op.name() in ("pd_op.send_v2", "pd_op.recv_v2"))

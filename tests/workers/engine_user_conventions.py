@@ -58,6 +58,8 @@ DEFAULTS = {
                                   # parameter initialized (PaddleNLP's pretraining script)
     "extra_samples": 0,           # samples past the last full batch: a short last batch that
                                   # the loop, stopping at `steps` (max_steps), never draws
+    "strategy": {},               # more strategy fields as a user sets them: {"section.field":
+                                  # value} (the knobs of docs/engine.md)
     "hidden": 16, "heads": 2, "vocab": 32, "seq": 8, "lr": 1e-3, "clip": 1.0, "seed": 2024,
 }
 
@@ -250,6 +252,9 @@ def make_strategy(cfg):
     if cfg["memory_budget"]:
         from pipesplit.passes import strategy as pipesplit_strategy
         pipesplit_strategy.use_memory_budget(strategy, cfg["memory_budget"])
+    for path, value in cfg["strategy"].items():
+        section, field = path.split(".")
+        setattr(getattr(strategy, section), field, value)
     return strategy
 
 
@@ -384,6 +389,23 @@ def _replanned_memory(dist_model):
     return None if done is None else done.memory
 
 
+def pipesplit_notices(dist_model):
+    from pipesplit.passes import strategy as pipesplit_strategy
+
+    return pipesplit_strategy.notices(dist_model)
+
+
+def _plan_costs(dist_model):
+    """The training plan's job costs and memory limit, as its config holds them."""
+    from pipesplit.passes import strategy as pipesplit_strategy
+
+    plan = pipesplit_strategy.plan_of(dist_model)
+    config = plan.config
+    costs = None if config.costs is None else {
+        k: getattr(config.costs, k) for k in ("forward", "backward_b", "backward_w", "comm")}
+    return {"costs": costs, "memory_limit": config.memory_limit}
+
+
 def run_one(cfg, out_dir: Path):
     rank = dist.get_rank()
     folder = out_dir / cfg["tag"]
@@ -418,6 +440,8 @@ def run_one(cfg, out_dir: Path):
         "stage": next(s for s in range(cfg["pp"]) if rank in get_mesh(s).process_ids),
         "layers_held": len(layer_params),
         "replanned_memory": _replanned_memory(dist_model),
+        "notices": list(pipesplit_notices(dist_model)),
+        "plan_costs": _plan_costs(dist_model),
     }
     (folder / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
 
