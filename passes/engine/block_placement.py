@@ -100,7 +100,7 @@ def block_meshes(meshes: Sequence, num_blocks: int, schedule_mode: str, vpp_degr
 _STAY = ("dist_op.reshard", "builtin.parameter", "pd_op.data")
 
 
-def assign_placement(dist_program, pipeline_strategy, state) -> bool:
+def assign_placement(dist_program, state) -> bool:
     """Give the blocks (``vpp_seg_method``) of a model whose stage meshes are in model order
     (non-decreasing) the meshes of the placement of the engine's schedule (``state``: its
     :class:`~.state.EngineState`; looped or V), in place: each stage
@@ -118,7 +118,7 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
     import paddle
 
-    seg_method = pipeline_strategy.vpp_seg_method
+    seg_method = state.request.seg_method
     if not seg_method:
         raise ValueError("strategy.pipeline.vpp_seg_method must name the model's block class "
                          f"(vpp_degree={state.request.vpp})")
@@ -126,7 +126,7 @@ def assign_placement(dist_program, pipeline_strategy, state) -> bool:
     meshes = get_sub_process_mesh_by_program(dist_program)
     if not _blocks_in_model_order(dist_program.global_block().ops, seg_method, meshes):
         return False  # already placed by the user (e.g. pipesplit.passes.engine.block_meshes)
-    target = _targets(dist_program, pipeline_strategy, state, meshes)
+    target = _targets(dist_program, state, meshes)
     moved = _reshard_boundaries(dist_program, target, _block_starts(dist_program, seg_method))
     for op in dist_program.global_block().ops:
         if op.id() in target:
@@ -263,14 +263,14 @@ def _changes_mesh(reshard) -> bool:
     return src is not None and dst is not None and src.process_mesh != dst.process_mesh
 
 
-def _targets(dist_program, pipeline_strategy, state, meshes) -> dict:
+def _targets(dist_program, state, meshes) -> dict:
     """op id -> (mesh, chunk) of every op that moves with its block (the model-order stage
     reshards are dropped first: new boundaries follow)."""
     from paddle.distributed.auto_parallel.static.pir_pass import (_extract_seg_method,
                                                                   _get_seg_struct_names)
     placement = state.request.placement
     pp, vpp = placement.pp, placement.vpp
-    seg_method = pipeline_strategy.vpp_seg_method
+    seg_method = state.request.seg_method
     segments = _get_seg_struct_names(dist_program.global_block().ops, seg_method)
     per_rank = _blocks_per_stage_mesh(dist_program.global_block().ops, seg_method, meshes)
     if sum(per_rank) != len(segments):

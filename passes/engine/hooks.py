@@ -20,8 +20,9 @@ from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.knobs import refuse_what_cannot_work
 from pipesplit.passes.engine.loader_checks import check_loader
 from pipesplit.passes.engine.open_state import opening_of
-from pipesplit.passes.engine.session import (EngineSession, completing_meshes,
-                                             paddle_sees_vpp, session_of, session_of_engine)
+from pipesplit.passes.engine.run_steps import paddle_sees_vpp
+from pipesplit.passes.engine.session import (EngineSession, completing_meshes, session_of,
+                                             session_of_engine)
 from pipesplit.passes.engine.strategy_checks import check_fields
 from pipesplit.passes.engine.strategy_config import config_from_strategy
 from pipesplit.passes.split.core import PipelinePlan
@@ -160,7 +161,7 @@ def engine_init(original):
 
 def shown_vpp(original):
     """``Engine._parallel_pir`` (its chunk completion and chunk check): Paddle's own code runs
-    with ``schedule_mode == "VPP"`` (:func:`~.session.paddle_sees_vpp`) for an engine
+    with ``schedule_mode == "VPP"`` (:func:`~.run_steps.paddle_sees_vpp`) for an engine
     pipesplit serves, so those steps serve every pipesplit schedule; every other reader of the
     engine's strategy (a trainer, a later hook, the user) sees the schedule the user named.
     (``Engine.run``'s loss fetch is shown it by step 3 of

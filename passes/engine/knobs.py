@@ -133,12 +133,11 @@ def memory_limit_times_given(pipeline) -> bool:
     return pipeline.memory_limit_times != UNSET_MEMORY_LIMIT_TIMES
 
 
-def _refuse_bad_memory_limit_times(opening: Opening) -> None:
+def check_memory_limit_times(times) -> float:
+    """``memory_limit_times`` as a finite number > 0, else a ``TypeError`` / ``ValueError``
+    naming the field."""
     import math
 
-    times = opening.strategy.pipeline.memory_limit_times
-    if not memory_limit_times_given(opening.strategy.pipeline):
-        return
     where = "strategy.pipeline.memory_limit_times"
     if isinstance(times, bool) or not isinstance(times, (int, float)):
         raise TypeError(f"{where} must be a number (a multiple of 1F1B's peak memory), got "
@@ -146,6 +145,15 @@ def _refuse_bad_memory_limit_times(opening: Opening) -> None:
     if not math.isfinite(times) or times <= 0:
         raise ValueError(f"{where} must be > 0 (a multiple of 1F1B's peak memory) or "
                          f"{UNSET_MEMORY_LIMIT_TIMES} (none), got {times!r}")
+    return float(times)
+
+
+def _refuse_bad_memory_limit_times(opening: Opening) -> None:
+    times = opening.strategy.pipeline.memory_limit_times
+    if not memory_limit_times_given(opening.strategy.pipeline):
+        return
+    check_memory_limit_times(times)
+    where = "strategy.pipeline.memory_limit_times"
     if opening.budget_given:
         raise ValueError(f"{where}={times} and use_memory_budget(strategy, ...) both limit "
                          "auto's memory: give one")

@@ -41,11 +41,7 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
     * ``gradient_merge.enable`` beside the pipeline (checked by
       :func:`~.strategy_checks.check_gradient_merge`): ``k_steps = accumulate_steps``, what
       Paddle's engine sets when it builds the training program, set before the engine sizes
-      its data specs by it;
-    * ``pipeline.auto_parallel_sync_shared_params`` off: a weight read on another stage is
-      served by pipesplit's own exchange (:mod:`.shared_parameters`), not Paddle's sync pass,
-      whose program pipesplit's exchange would not find (the line said:
-      :mod:`.knobs`)."""
+      its data specs by it."""
     pipeline = strategy.pipeline
     if pipeline.pp_degree == _DEFAULT_PP_DEGREE:
         stages = stage_mesh_count(model)
@@ -54,8 +50,6 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
     merge = getattr(strategy, "gradient_merge", None)
     if merge is not None and merge.enable:
         merge.k_steps = pipeline.accumulate_steps
-    # a weight read on another stage is pipesplit's own exchange's (knobs: the line said)
-    pipeline.auto_parallel_sync_shared_params = False
 
 
 def check_and_fill_in(strategy, model, world_size: int) -> None:
@@ -82,47 +76,61 @@ def open_engine_state(engine, make=EngineState) -> EngineState:
     import paddle
     import paddle.distributed as dist
 
-    from pipesplit.passes.engine.strategy_checks import (block_sizes, check_fields,
-                                                         checked_request)
+    from pipesplit.passes.engine.strategy_checks import block_sizes, checked_request
     from pipesplit.passes.engine.surgery import placements_of
     from pipesplit.passes.transport.devices import transport_for
 
     strategy = engine._strategy
     pipeline = strategy.pipeline
     transport = transport_for("auto")
-    check_fields(pipeline)
-    notices = said_of_the_knobs(strategy, transport.needs_cpu_support)
     check_and_fill_in(strategy, engine._model, dist.get_world_size())
     request, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
+    notices = said_of_the_knobs(strategy, transport.needs_cpu_support, request)
+    serve_shared_weights_ourselves(pipeline)
     return make(request=request, checked=checked, options=options_of(pipeline),
                 measure_step=measured_step(pipeline, request),
                 user_placements=placements_of(engine._model),
                 parameter_names=frozenset(p.name for p in engine._model.parameters()),
                 scope=paddle.static.global_scope(),
                 transport=transport.with_overlap(bool(pipeline.enable_send_recv_overlap)),
-                notices=notices, asked_micro_batch_size=pipeline.micro_batch_size)
+                notices=notices, asked_micro_batch_size=pipeline.micro_batch_size,
+                return_numpy=bool(strategy.return_numpy),
+                fused_passes=bool(getattr(strategy.fused_passes, "fused_passes_list", None)))
 
 
-def opening_of(strategy, on_cpu: bool) -> Optional[knobs.Opening]:
-    """The :class:`~.knobs.Opening` of ``strategy`` (the whole ``dist.Strategy``); None when its
+def opening_of(strategy, on_cpu: bool, request=None) -> Optional[knobs.Opening]:
+    """The :class:`~.knobs.Opening` of ``strategy`` (the whole ``dist.Strategy``), with its
+    ``request`` when resolved already (else the name looked up here); None when its
     ``schedule_mode`` names no schedule (the strategy check names that)."""
     pipeline = strategy.pipeline
-    try:
-        spec = requested_spec(pipeline)
-    except ValueError:
-        return None
+    if request is not None:
+        spec = request.spec
+    else:
+        try:
+            spec = requested_spec(pipeline)
+        except ValueError:
+            return None
     options = options_of(pipeline)
     return knobs.Opening(strategy=strategy, on_cpu=on_cpu, spec=spec,
-                   replans=spec.searches and measured_step(pipeline) is not None,
-                   costs_given=options.costs is not None,
-                   budget_given=options.memory_budget is not None)
+                         replans=spec.searches and measured_step(pipeline, request) is not None,
+                         costs_given=options.costs is not None,
+                         budget_given=options.memory_budget is not None)
 
 
-def said_of_the_knobs(strategy, on_cpu: bool) -> tuple:
+def serve_shared_weights_ourselves(pipeline) -> None:
+    """``auto_parallel_sync_shared_params`` off on the engine's copy: a weight read on another
+    stage is served by pipesplit's own exchange (:mod:`.shared_parameters`), not Paddle's sync
+    pass, whose rewrite removes the transfer that exchange builds on (the line said:
+    :mod:`.knobs`).  With :func:`fill_in_what_paddle_derives`, the places the opening writes
+    the engine's copy."""
+    pipeline.auto_parallel_sync_shared_params = False
+
+
+def said_of_the_knobs(strategy, on_cpu: bool, request=None) -> tuple:
     """The knobs' refusals (:func:`~.knobs.refuse_what_cannot_work`), then their lines said
-    once (:func:`~.knobs.notices_at_the_opening`), read before the opening fills anything
-    in."""
-    opening = opening_of(strategy, on_cpu)
+    once (:func:`~.knobs.notices_at_the_opening`), of the strategy as the user set it;
+    ``request``: the section's, resolved already."""
+    opening = opening_of(strategy, on_cpu, request)
     if opening is None:
         return ()
     knobs.refuse_what_cannot_work(opening)

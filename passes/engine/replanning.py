@@ -1,6 +1,6 @@
 """This rank's plan from the engine's program (:func:`engine_rank_plan`, the pass's and every
 re-plan's), and a re-plan of an engine's training plan: from costs given (:func:`replan`), or from a training
-step every process measures (:func:`measured_replan`, which ``Engine.run``'s hook calls: the
+step every process measures (:class:`Measurement`, two steps of ``Engine.run``'s list: the
 costs of :mod:`pipesplit.passes.measure.replan`, under a memory budget the bytes of
 :mod:`pipesplit.passes.measure.memory_budget`)."""
 from __future__ import annotations
@@ -72,7 +72,7 @@ def replan(state: Optional[EngineState], engine, costs, step: Optional[int] = No
     if before is None or before.source_program is None:
         raise ValueError("replan: this engine has no pipesplit training plan built from the "
                          "engine's program yet (run a training step first)")
-    if engine._strategy.fused_passes.fused_passes_list:
+    if state.fused_passes:
         raise ValueError("replan: strategy.fused_passes.fused_passes_list is set; the engine "
                          "ran those passes on the first plan's programs, which a re-plan "
                          "would not repeat")
@@ -103,67 +103,95 @@ def _forget_executors(executor) -> None:
     cache._get_cached_program_and_executor_pir_mode.cache_clear()
 
 
-def measured_replan(engine, state: EngineState, before: PipelinePlan, step: int, run_step):
-    """Training step ``step`` under the profiler, then the re-plan every process makes from
-    what all of them measured (the measured step of
-    :meth:`~pipesplit.passes.engine.session.EngineSession.run`)."""
-    import paddle.distributed as dist
+class Measurement:
+    """The measured training step of an engine and the re-plan from it, in two steps of
+    ``Engine.run``'s list (:mod:`.run_steps`): :meth:`start` before Paddle's run (every process
+    meets, Paddle's profiler on: it records the jobs, and under a memory budget the
+    allocations), :meth:`replan` after it (the profiler off, every process's measurement
+    shared, the costs (:mod:`pipesplit.passes.measure.replan`) and bytes
+    (:mod:`pipesplit.passes.measure.memory_budget`) priced, the plan built again, every process
+    meeting before the next step)."""
 
-    from pipesplit.ir_utils.measure import MemoryStats
-    from pipesplit.passes.measure.memory_budget import MemoryModel, rank_memory
-    from pipesplit.passes.measure.profile import (ops_on_this_thread, record_jobs,
-                                                  record_jobs_and_memory)
-    from pipesplit.passes.measure.replan import costs_from, rank_measurement
+    def __init__(self, engine, state: EngineState, before: PipelinePlan, step: int):
+        import paddle.distributed as dist
 
-    budget = state.options.memory_budget
-    rank, world = dist.get_rank(), dist.get_world_size()
-    key = round_key("measured", rank)
-    clock = _Clock()
-    start_bytes = MemoryStats().settled_current() if budget is not None else None
+        from pipesplit.passes.measure.profile import JobRecorder
 
-    def measured():
-        clock.lap("profiler_start_s")
-        clock.lap("wait_before_step_s", state.transport.rendezvous(
-            f"{key}/step", f"the measured training step {step}", rank, world))
-        with ops_on_this_thread():
-            return run_step()
+        self.engine, self.state, self.before, self.step = engine, state, before, step
+        self.budget = state.options.memory_budget
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.key = round_key("measured", self.rank)
+        self.clock = _Clock()
+        self.recorder = JobRecorder(memory=self.budget is not None)
+        self.start_bytes = None
 
-    config = before.config
-    if budget is None:
-        logs, jobs = record_jobs(measured)
-        measurement = rank_measurement(jobs, config)
-    else:
-        logs, jobs, levels = record_jobs_and_memory(measured)
-        measurement = dict(rank_measurement(jobs, config), memory=dict(
-            rank_memory(levels, start_bytes, config.pp_stage, config.placement), budget=budget))
-    clock.lap("step_s")
-    everyone = state.transport.share(measurement, key)
-    clock.lap("exchange_s")
-    costs = state.options.costs or costs_from(everyone, config.num_stages,
-                                              state.transport.comm_mode)
-    limit, model = None, None
-    if budget is not None:
+    def start(self) -> None:
+        from pipesplit.ir_utils.measure import MemoryStats
+
+        if self.budget is not None:
+            self.start_bytes = MemoryStats().settled_current()
+        self.recorder.start()
+        self.clock.lap("profiler_start_s")
+        self.clock.lap("wait_before_step_s", self.state.transport.rendezvous(
+            f"{self.key}/step", f"the measured training step {self.step}", self.rank,
+            self.world))
+
+    def stop(self) -> None:
+        """The profiler off (a failed step's too)."""
+        self.recorder.stop()
+
+    def replan(self) -> None:
+        self.stop()
+        self.clock.lap("step_s")
+        everyone = self.state.transport.share(self._measured(), self.key)
+        self.clock.lap("exchange_s")
+        costs, limit, model = self._priced(everyone)
+        after = replan(self.state, self.engine, costs, self.step, memory_limit=limit)
+        self.clock.lap("replan_s")
+        self.clock.lap("wait_after_replan_s", self.state.transport.rendezvous(
+            f"{self.key}/replanned", f"training step {self.step + 1}, the first on the new "
+            "plan", self.rank, self.world))
+        memory = None if model is None else {
+            "budget_bytes": self.budget, "memory_limit": limit, "model": model.to_dict(),
+            "predicted_peak_bytes": [int(b) for b in model.peaks(after.schedule, costs)]}
+        self.state.replanned = replace(self.state.replanned, timings=self.clock.laps,
+                                       memory=memory)
+        print(f"pipesplit: rank {self.rank} measured training step {self.step} and re-planned: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in self.clock.laps.items()),
+              file=sys.stderr, flush=True)
+
+    def _measured(self) -> dict:
+        """This process's measurement: its jobs' times, under a budget its bytes."""
+        from pipesplit.passes.measure.memory_budget import rank_memory
+        from pipesplit.passes.measure.replan import rank_measurement
+
+        config = self.before.config
+        measurement = rank_measurement(self.recorder.jobs(), config)
+        if self.budget is None:
+            return measurement
+        return dict(measurement, memory=dict(
+            rank_memory(self.recorder.memory_levels(), self.start_bytes, config.pp_stage,
+                        config.placement), budget=self.budget))
+
+    def _priced(self, everyone):
+        """(costs, memory limit, memory model) from every process's measurement."""
+        from pipesplit.passes.measure.memory_budget import MemoryModel
+        from pipesplit.passes.measure.replan import costs_from
+
+        config = self.before.config
+        costs = self.state.options.costs or costs_from(everyone, config.num_stages,
+                                                       self.state.transport.comm_mode)
+        if self.budget is None:
+            return costs, None, None
         budgets = sorted({m["memory"]["budget"] for m in everyone})
         if len(budgets) > 1:  # (each would search under its own limit: the plans would differ)
             raise ValueError(f"use_memory_budget: every process must give the same budget; "
                              f"they gave {budgets} bytes")
         model = MemoryModel.from_measurements([m["memory"] for m in everyone], config.pp_degree)
         costs = model.costs(costs)
-        limit = model.memory_limit(budget, config.schedule, config.pp_degree, config.vpp_degree,
-                                   config.num_micro_batches, costs)
-    after = replan(state, engine, costs, step, memory_limit=limit)
-    clock.lap("replan_s")
-    clock.lap("wait_after_replan_s", state.transport.rendezvous(
-        f"{key}/replanned", f"training step {step + 1}, the first on the new plan", rank,
-        world))
-    memory = None if model is None else {
-        "budget_bytes": budget, "memory_limit": limit, "model": model.to_dict(),
-        "predicted_peak_bytes": [int(b) for b in model.peaks(after.schedule, costs)]}
-    state.replanned = replace(state.replanned, timings=clock.laps, memory=memory)
-    print(f"pipesplit: rank {rank} measured training step {step} and re-planned: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in clock.laps.items()), file=sys.stderr,
-          flush=True)
-    return logs
+        limit = model.memory_limit(self.budget, config.schedule, config.pp_degree,
+                                   config.vpp_degree, config.num_micro_batches, costs)
+        return costs, limit, model
 
 
 class _Clock:

@@ -21,7 +21,8 @@ Paddle's moment               the session's method
 from_dataloader``
 ``Engine._init_comm``         :meth:`EngineSession.init_comm`
 ``DistModel.__call__``        :meth:`EngineSession.check_batch`
-``Engine.run``                :meth:`EngineSession.run`: ONE step list, in order (below)
+``Engine.run``                :meth:`EngineSession.run`: ONE step list, in order
+                              (:data:`~.run_steps.RUN_STEPS`)
 ============================  =========================================================
 
 Inside the session nothing reads the strategy's fields again: the request, pp, vpp, this
@@ -30,9 +31,7 @@ process's pipeline and rank come from the session (the pure translations of
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import time
 from contextvars import ContextVar
 from typing import Optional
 
@@ -43,26 +42,20 @@ from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.knobs import micro_batch_notice, say
 from pipesplit.passes.engine.loader_checks import (check_batch, check_labels_are_class_ids,
                                                    leading_dims)
-from pipesplit.passes.engine.loss_location import LOSS_MODES, hand_the_loss_on
 from pipesplit.passes.engine.open_state import open_engine_state
 from pipesplit.passes.engine.relay import relay_far_values
-from pipesplit.passes.engine.replanning import engine_rank_plan, measured_replan
+from pipesplit.passes.engine.replanning import engine_rank_plan
+from pipesplit.passes.engine.run_steps import Run, paddle_sees_vpp, run_steps
 from pipesplit.passes.engine.sequence_parallel import check_sequence_parallel
 from pipesplit.passes.engine.state import HANDLE, EngineState, ModePlan
 from pipesplit.passes.engine.strategy_config import pipeline_rank, stage_pipe
 from pipesplit.passes.engine.surgery import name_an_output, restore_user_placements
-from pipesplit.passes.measure.memory_budget import MemoryBudgetError
 from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.split.pipeline import split_and_schedule
-from pipesplit.passes.transport.progress import failure_reason
 
 #: the stage meshes while Paddle's chunk completion runs (:func:`completing_meshes`)
 _COMPLETING_MESHES: ContextVar[Optional[list]] = ContextVar("pipesplit_completing_meshes",
                                                             default=None)
-#: what Paddle 3.3.1's engine tests ``schedule_mode`` against (``== "VPP"``) to complete the
-#: chunk ids, check them and fetch the loss from ``forward{vpp-1}``, all of which a pipesplit
-#: schedule needs (docs/engine.md, "Why the engine is shown VPP")
-PADDLE_VPP = "VPP"
 #: what the engine keeps ONE copy of for all modes (a prediction's specs have no labels, its
 #: fetched value another name)
 _SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inputs", "_labels",
@@ -90,19 +83,6 @@ def engine_state(engine) -> Optional[EngineState]:
 def completing_meshes() -> Optional[list]:
     """The stage meshes while a session's chunk completion runs Paddle's (else None)."""
     return _COMPLETING_MESHES.get()
-
-
-@contextlib.contextmanager
-def paddle_sees_vpp(pipeline_strategy):
-    """``schedule_mode`` reads ``"VPP"`` inside, the user's name again after (also after an
-    exception).  The one place pipesplit writes that field, and only around the engine
-    functions that test it; pipesplit itself reads the schedule from the engine's session."""
-    name = pipeline_strategy.schedule_mode
-    pipeline_strategy.schedule_mode = PADDLE_VPP
-    try:
-        yield
-    finally:
-        pipeline_strategy.schedule_mode = name
 
 
 class EngineSession(EngineState):
@@ -164,8 +144,8 @@ class EngineSession(EngineState):
         meshes = get_sub_process_mesh_by_program(dist_program)
         completed = None
         if self.request.vpp >= 2:
-            assign_placement(dist_program, pipeline_strategy, self)
-            check_blocks_on_one_mesh(dist_program, pipeline_strategy.vpp_seg_method, self)
+            assign_placement(dist_program, self)
+            check_blocks_on_one_mesh(dist_program, self.request.seg_method, self)
             token = _COMPLETING_MESHES.set(meshes)
             try:
                 completed = paddle_completion(dist_program, startup_program, pipeline_strategy)
@@ -330,99 +310,11 @@ class EngineSession(EngineState):
 
     # --------------------------------------------------------------------- each run
     def run(self, engine, paddle_run, kwargs):
-        """``Engine.run``: one step of the mode that runs, its whole life, in this order:
-
-        1. the mode's step is counted, and a failure in any later part names the rank, the
-           step, the comm job, micro-batch and peer (:meth:`_failure_named`);
-        2. a training step is counted; those before the measured step record their ops on
-           this thread, the measured one runs under the profiler and every rank re-plans
-           from what all measured (:meth:`_training_step`,
-           :func:`~.replanning.measured_replan`);
-        3. Paddle's own run, shown ``schedule_mode == "VPP"`` (its loss fetch from
-           ``forward{vpp-1}``) and nothing else;
-        4. the loss handed to the last stage's ranks (:meth:`_loss_on_the_last_stage`).
-
-        ``paddle_run()`` is Paddle's ``Engine.run`` with the caller's arguments; ``kwargs``
-        are those arguments by name (the mode)."""
-        mode = kwargs.get("mode") or engine._mode
-
-        def paddle_step():  # 3 and 4
-            # "VPP" around Paddle's body only: Paddle tests the name inside it (the loss fetch)
-            with paddle_sees_vpp(engine._strategy.pipeline):
-                logs = paddle_run()
-            return self._loss_on_the_last_stage(engine, kwargs, logs)
-
-        with self._failure_named(engine, mode):  # 1
-            return self._training_step(engine, mode, paddle_step)  # 2
-
-    @contextlib.contextmanager
-    def _failure_named(self, engine, mode: str):
-        """Step 1 of :meth:`run`: a step that fails (a peer's process ended, a gloo timeout)
-        says which process, which step of which mode, and which comm job, micro-batch and
-        peer it was in, as pipesplit's own multi-rank runner does; Paddle says only
-        ``std::exception``."""
-        planned = self.modes.get(mode)
-        if planned is None:
-            yield
-            return
-        step = planned.steps
-        planned.steps += 1
-        progress = planned.progress
-        if progress is None:
-            yield
-            return
-        import paddle
-
-        scope = paddle.static.global_scope()
-        progress.start_step(scope, engine._place)
-        started = time.monotonic()
-        try:
-            yield
-        except MemoryBudgetError:
-            raise  # the user's budget, refused at the re-plan: not a failed step
-        except Exception as exc:
-            raise RuntimeError(
-                f"pipesplit: rank {paddle.distributed.get_rank()} failed in {mode} step {step} "
-                f"after {time.monotonic() - started:.1f} s, {progress.where(scope)}: "
-                f"{failure_reason(exc)}") from exc
-
-    def _training_step(self, engine, mode: str, paddle_step):
-        """Step 2 of :meth:`run`: the training step :func:`~.user_options.measured_step`
-        names runs under Paddle's profiler; every process's job times become the costs all
-        of them re-plan with (:mod:`pipesplit.passes.measure.replan`), once.  Under a memory
-        budget the profiler also records the allocations, and the search keeps every rank
-        within the budget (:mod:`pipesplit.passes.measure.memory_budget`)."""
-        if mode != "train":
-            return paddle_step()
-        step = self.train_steps
-        self.train_steps += 1
-        before = self.pipeline_of("train")
-        from pipesplit.passes.measure.profile import ops_on_this_thread
-
-        if self.measure_step is not None and step < self.measure_step:
-            with ops_on_this_thread():  # (the interpreters the measured step runs)
-                return paddle_step()
-        # (a whole-model program, every rank emulated in one process, is not re-planned)
-        if step != self.measure_step or getattr(before, "source_program", None) is None:
-            return paddle_step()
-        return measured_replan(engine, self, before, step, paddle_step)
-
-    def _loss_on_the_last_stage(self, engine, kwargs, logs):
-        """Step 4 of :meth:`run`: a train or eval step returns its loss on the last pipeline
-        stage's ranks, whatever the schedule's placement (:mod:`.loss_location`)."""
-        mode = kwargs.get("mode") or engine._mode  # (as the run left it)
-        if mode not in LOSS_MODES or self.pipe is None or self.modes.get(mode) is None \
-                or self.checked is None:
-            return logs
-        import paddle.distributed as dist
-
-        if dist.get_world_size() == 1:  # (every rank emulated in one process)
-            return logs
-        if self.loss_carrier is None:
-            self.loss_carrier = self.transport.loss_carrier(dist.get_world_size(),
-                                                            self.config.num_micro_batches)
-        return hand_the_loss_on(logs, self.pipe, self.checked.placement, dist.get_rank(),
-                                bool(engine._strategy.return_numpy), carrier=self.loss_carrier)
+        """``Engine.run``: one step of the mode that runs, as the list of
+        :data:`~.run_steps.RUN_STEPS` (count, measure, Paddle's run, re-plan, the loss to the
+        last stage).  ``paddle_run()`` is Paddle's ``Engine.run`` with the caller's arguments;
+        ``kwargs`` are those arguments by name (the mode)."""
+        return run_steps(Run(session=self, engine=engine, paddle_run=paddle_run, kwargs=kwargs))
 
 
 def _as_list(specs) -> list:

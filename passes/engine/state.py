@@ -49,6 +49,7 @@ class Request:
 
     name: str                 # schedule_mode as the user wrote it ("auto-v")
     config: PipelineConfig    # the sizes and options, checked (pp_stage None: no rank yet)
+    seg_method: str = ""      # vpp_seg_method: the class of the model's repeated blocks
 
     @property
     def spec(self) -> ScheduleSpec:
@@ -133,6 +134,11 @@ class EngineState:
     # strategy.pipeline.micro_batch_size as the user set it (said at the first step if the
     # batch cuts otherwise: knobs.micro_batch_notice)
     asked_micro_batch_size: Optional[int] = None
+    # strategy.return_numpy: a step's loss handed on as numpy (else as a Tensor)
+    return_numpy: bool = True
+    # strategy.fused_passes lists passes the engine runs on the first plan's programs (a
+    # re-plan could not repeat them)
+    fused_passes: bool = False
 
     def __deepcopy__(self, memo):
         return self  # one state per engine, however often Paddle copies its strategy

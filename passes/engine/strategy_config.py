@@ -23,8 +23,8 @@ from pipesplit.job_list.pipe import Pipe, pipe_of
 from pipesplit.job_list.placement import Placement, SizeError
 from pipesplit.job_list.registry import ScheduleSpec, get_spec
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.engine.knobs import (check_program_runtimes, memory_limit_times_given,
-                                           runtimes_given)
+from pipesplit.passes.engine.knobs import (check_memory_limit_times, check_program_runtimes,
+                                           memory_limit_times_given, runtimes_given)
 from pipesplit.passes.engine.state import Request, options_of
 
 #: a size as the schedules and the pass name it -> its field of ``strategy.pipeline``
@@ -74,7 +74,7 @@ def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
         raise ValueError(said_in_strategy_terms(e)) from None
     except ValueError as e:
         raise ValueError(f"strategy.pipeline: {e}") from None
-    return Request(name, config)
+    return Request(name, config, str(pipeline_strategy.vpp_seg_method))
 
 
 def runtimes_costs(pipeline_strategy, stages: int) -> Optional[Costs]:
@@ -97,6 +97,7 @@ def times_1f1b_peak(times: float, pp: int, vpp: int, m: int) -> list:
     from pipesplit.job_list import build_schedule
     from pipesplit.job_list.simulate import simulate
 
+    times = check_memory_limit_times(times)
     peaks = simulate(build_schedule("1F1B", pp=pp, vpp=1, m=m)).peak_memory
     return [times * peak * vpp for peak in peaks]
 

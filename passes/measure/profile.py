@@ -267,32 +267,62 @@ def ops_on_this_thread():
 def record_jobs(run: Callable[[], object]) -> Tuple[object, List[Tuple[str, int, float]]]:
     """(what ``run()`` returned, :func:`executed_jobs` of the jobs it ran) with Paddle's host
     profiler on around it (nothing is written to disk)."""
-    value, result = _profiled(run, memory=False)
-    return value, executed_jobs(result)
+    value, recorder = _recorded(run, memory=False)
+    return value, recorder.jobs()
 
 
 def record_jobs_and_memory(run: Callable[[], object]):
     """(what ``run()`` returned, :func:`executed_jobs`, and per job (type, live bytes at its
     end, highest live bytes while it ran): :func:`~.memory_budget.job_memory`), with the
     profiler recording every allocation too."""
-    from pipesplit.passes.measure.memory_budget import job_memory
-
-    value, result = _profiled(run, memory=True)
-    return (value, executed_jobs(result),
-            job_memory(executed_job_spans(result), allocator_events(result)))
+    value, recorder = _recorded(run, memory=True)
+    return value, recorder.jobs(), recorder.memory_levels()
 
 
-def _profiled(run: Callable[[], object], memory: bool):
-    import paddle.profiler as profiler
+class JobRecorder:
+    """Paddle's host profiler, on from :meth:`start` to :meth:`stop` (nothing is written to
+    disk); ``memory``: every allocation recorded too.  What the jobs in between ran:
+    :meth:`jobs`, :meth:`memory_levels`."""
 
-    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU],
-                             on_trace_ready=lambda _: None, profile_memory=memory)
-    prof.start()
+    def __init__(self, memory: bool = False):
+        self.memory = memory
+        self._profiler = None
+        self._result = None
+
+    def start(self) -> None:
+        import paddle.profiler as profiler
+
+        self._profiler = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU],
+                                           on_trace_ready=lambda _: None,
+                                           profile_memory=self.memory)
+        self._profiler.start()
+
+    def stop(self) -> None:
+        """The profiler off (again: nothing)."""
+        if self._profiler is not None:
+            self._profiler.stop()
+            self._result, self._profiler = self._profiler.profiler_result, None
+
+    def jobs(self) -> List[Tuple[str, int, float]]:
+        """:func:`executed_jobs` of what ran while it recorded."""
+        return executed_jobs(self._result)
+
+    def memory_levels(self):
+        """Per job (type, live bytes at its end, highest live bytes while it ran):
+        :func:`~.memory_budget.job_memory`."""
+        from pipesplit.passes.measure.memory_budget import job_memory
+
+        return job_memory(executed_job_spans(self._result), allocator_events(self._result))
+
+
+def _recorded(run: Callable[[], object], memory: bool):
+    recorder = JobRecorder(memory)
+    recorder.start()
     try:
         value = run()
     finally:
-        prof.stop()
-    return value, prof.profiler_result
+        recorder.stop()
+    return value, recorder
 
 
 # ---------------------------------------------------------------- a model's jobs, probed
