@@ -41,7 +41,7 @@ from pipesplit.passes.engine.replanning import Replanned, check_costs
 from pipesplit.passes.engine.replanning import replan as _replan_engine
 from pipesplit.passes.engine.session import session_of, session_of_engine
 from pipesplit.passes.engine import strategy_checks
-from pipesplit.passes.engine.strategy_config import record_pipe
+from pipesplit.passes.engine.section import held_request
 from pipesplit.passes.engine.user_options import (measure_costs, reshard_after_forward, use_costs,
                                                   use_memory_budget)
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError
@@ -144,42 +144,43 @@ def plan_of(dist_model, mode: str = "train"):
     return None if session is None else session.pipeline_of(mode)
 
 
-# The readers of a pipeline section, for a user's script: an engine's section
-# (``engine._strategy.pipeline``) answers from its session, what the engine's opening resolved;
-# any other is translated from its fields (:mod:`.engine.strategy_config`).  The one place that
-# asks which a section is: nothing inside the engine calls these.
+# The readers of a pipeline section, for a user's script: each asks the one object at the
+# section's handle (:func:`~.engine.section.held_request`): an engine's session, what its
+# opening resolved, or a section's own request, resolved once.  Nothing inside the engine
+# calls these.
 
 def check_strategy(pipeline_strategy, blocks=None):
     """Refuse a pipeline strategy pipesplit cannot serve, before the engine builds anything
-    (:func:`~.engine.strategy_checks.check_strategy`: ``ValueError`` / ``TypeError`` naming
-    the field); returns its config (no rank): an engine's, the one its opening checked."""
-    session = session_of(pipeline_strategy)
-    if session is None:
-        return strategy_checks.check_strategy(pipeline_strategy, blocks)
-    return session.config
+    (``ValueError`` / ``TypeError`` naming the field: the field types
+    (:func:`~.engine.strategy_checks.check_fields`), then the request it makes); returns its
+    config (no rank): an engine's, the one its opening checked."""
+    strategy_checks.check_fields(pipeline_strategy)
+    return held_request(pipeline_strategy, blocks).config
 
 
 def config_from_strategy(pipeline_strategy, pp_stage="auto", blocks=None):
     """The :class:`~pipesplit.job_list.request.PipelineConfig` of ``strategy.pipeline`` on
     ``pp_stage`` (``"auto"``: this process's pipeline rank): an engine's, its session's request
-    (``blocks`` unused), else resolved from the fields (with ``blocks``, the stage meshes'
-    block counts: :func:`~.engine.strategy_config.sized_costs`)."""
-    session = session_of(pipeline_strategy)
-    if session is None:
-        return strategy_config.config_from_strategy(pipeline_strategy, pp_stage, blocks)
-    return session.config_on(session.pp_stage() if pp_stage == "auto" else pp_stage)
+    (``blocks`` unused), else the section's (with ``blocks``, the stage meshes' block counts:
+    :func:`~.engine.strategy_config.sized_costs`)."""
+    held = held_request(pipeline_strategy, blocks)
+    return held.config_on(held.pp_stage() if pp_stage == "auto" else pp_stage)
 
 
 def pipe_from_strategy(pipeline_strategy):
     """This process's pipeline (:class:`~pipesplit.job_list.pipe.Pipe`): an engine's, from
     its stage meshes; else one process per stage."""
-    session = session_of(pipeline_strategy)
-    if session is None:
-        return strategy_config.pipe_from_strategy(pipeline_strategy)
-    return strategy_config.processes(session.request.pp, session.pipe)
+    held = held_request(pipeline_strategy)
+    return strategy_config.processes(held.request.pp, held.pipe)
+
+
+def record_pipe(dist_program, pipeline_strategy):
+    """This process's pipeline from the stage meshes of ``dist_program`` (an engine's whole
+    distributed program), for the section's ``pp``
+    (:func:`~.engine.strategy_config.stage_pipe`)."""
+    return strategy_config.stage_pipe(dist_program, held_request(pipeline_strategy).request.pp)
 
 
 def requested_schedule(pipeline_strategy) -> str:
     """The schedule name the user asked for (an engine's, as its session keeps it)."""
-    session = session_of(pipeline_strategy)
-    return str(pipeline_strategy.schedule_mode) if session is None else session.requested
+    return held_request(pipeline_strategy).requested

@@ -8,10 +8,10 @@ from _paths import REPO
 
 PASSES = os.path.join(str(REPO), "passes")
 #: the functions that find an engine's session
-FINDERS = {"session_of", "session_of_engine", "served_session", "engine_state"}
+FINDERS = {"session_of", "session_of_engine", "served_session", "engine_state", "held_request"}
 #: the modules that may call them: the trampolines, the user's entry points (which ask once
 #: which a pipeline section is), and the finders' own module
-FINDER_CALLERS = {"engine/hooks.py", "strategy.py", "engine/session.py"}
+FINDER_CALLERS = {"engine/hooks.py", "strategy.py", "engine/session.py", "engine/section.py"}
 #: module-level calls that change Paddle (a patch, a registration), each with why it runs at
 #: import; no other module-level call may be one of CHANGES_PADDLE
 AT_IMPORT = {

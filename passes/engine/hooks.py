@@ -24,7 +24,7 @@ from pipesplit.passes.engine.run_steps import paddle_sees_vpp
 from pipesplit.passes.engine.session import (EngineSession, completing_meshes, session_of,
                                              session_of_engine)
 from pipesplit.passes.engine.strategy_checks import check_fields
-from pipesplit.passes.engine.strategy_config import config_from_strategy
+from pipesplit.passes.engine.section import held_request
 from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.split.pipeline import split_and_schedule
 
@@ -42,43 +42,30 @@ def _single(x, what):
 
 
 def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
-    """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan``
-    (:func:`plan_programs`, for the section's engine if it has one)."""
-    return plan_programs(dense_main_program, dense_startup_program, pipeline_strategy,
-                         session_of(pipeline_strategy))
-
-
-def plan_programs(dense_main_program, dense_startup_program, pipeline_strategy,
-                  session: Optional[EngineSession]):
-    """The pass: an engine's program goes to its ``session``
-    (:meth:`~.session.EngineSession.pipeline_pass`: the engine's per-rank program, which
-    carries Paddle's send_v2 / recv_v2, or a whole-model program); outside an engine a
-    whole-model program (chunk id = global stage) goes to
-    :func:`pipesplit.passes.split.pipeline.split_and_schedule` with the request resolved from
-    the section's fields, and the engine's per-rank program is refused (its engine was built
-    before :func:`~pipesplit.passes.strategy.enable_strategy`)."""
+    """Drop-in for Paddle's ``pir_pass.pipeline_pass``: returns the ``core.Plan`` of what the
+    section's handle holds (:func:`~.section.held_request`): an engine's session takes the
+    engine's per-rank program (it carries Paddle's send_v2 / recv_v2) or a whole-model
+    program; a section outside an engine a whole-model program (chunk id = global stage), and
+    refuses the engine's per-rank program (its engine was built before
+    :func:`~pipesplit.passes.strategy.enable_strategy`)."""
     main = _single(dense_main_program, "dense_main_program")
     startup = _single(dense_startup_program, "dense_startup_program")
-    if session is not None:
-        built = session.pipeline_pass(main, startup)
-    elif is_engine_program(main):
+    held = held_request(pipeline_strategy)
+    if is_engine_program(main) and not held.serves_an_engine:
         raise built_before_enable()
-    else:
-        built = split_and_schedule(main, startup, config_from_strategy(pipeline_strategy))
+    built = held.pipeline_pass(main, startup)
     _LAST_PIPELINE.set(built)
     return built.plan
 
 
 def route_the_pipeline_pass(original):
     """``pipeline_pass`` (pir_pass's and the engine module's name): pipesplit's
-    pass (:func:`plan_programs`) for an engine with a session, and for any program while
+    pass (:func:`pipeline_pass`) for an engine with a session, and for any program while
     pipesplit is switched on; Paddle's own otherwise (an engine built while it was off)."""
     def routed(dense_main_program, dense_startup_program, pipeline_strategy):
-        session = session_of(pipeline_strategy)
-        if session is None and not pipesplit_is_on():
+        if session_of(pipeline_strategy) is None and not pipesplit_is_on():
             return original(dense_main_program, dense_startup_program, pipeline_strategy)
-        return plan_programs(dense_main_program, dense_startup_program, pipeline_strategy,
-                             session)
+        return pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy)
     return routed
 
 

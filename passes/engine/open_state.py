@@ -37,7 +37,7 @@ def fill_in_what_paddle_derives(strategy, model) -> None:
 
     * ``pipeline.pp_degree`` left at 1 while the layers sit on several stage meshes: the
       number of stage meshes (an explicit other value that disagrees is refused later,
-      naming both, by :func:`~.strategy_config.record_pipe`);
+      naming both, by :func:`~.strategy_config.stage_pipe`);
     * ``gradient_merge.enable`` beside the pipeline (checked by
       :func:`~.strategy_checks.check_gradient_merge`): ``k_steps = accumulate_steps``, what
       Paddle's engine sets when it builds the training program, set before the engine sizes

@@ -88,6 +88,9 @@ def completing_meshes() -> Optional[list]:
 class EngineSession(EngineState):
     """pipesplit's side of one engine: its state, and its moments (module docstring)."""
 
+    #: what a reader of a section asks (:mod:`.section`): this one is an engine's
+    serves_an_engine = True
+
     # ------------------------------------------------------------ the engine's construction
     @classmethod
     def open(cls, engine) -> "EngineSession":

@@ -168,10 +168,13 @@ def handle_of(pipeline_strategy):
 
 
 def options_of(pipeline_strategy) -> UserOptions:
+    """The user's options on a section: held alone before ``to_static``, or by what its handle
+    holds (an engine's state, a section's resolved request: :mod:`.section`)."""
     handle = handle_of(pipeline_strategy)
-    if isinstance(handle, EngineState):
-        return handle.options
-    return handle if isinstance(handle, UserOptions) else UserOptions()
+    if isinstance(handle, UserOptions):
+        return handle
+    options = getattr(handle, "options", None)
+    return options if isinstance(options, UserOptions) else UserOptions()
 
 
 def set_options(pipeline_strategy, **changes) -> None:

@@ -11,8 +11,7 @@ Nothing here looks for an engine's session: an engine's request is resolved once
 session is opened, and the session answers from it (:class:`~.session.EngineSession`:
 ``config_on``, ``pp_stage``; :func:`stage_pipe`, :func:`processes` and :func:`pipeline_rank`
 take the request's ``pp``); a section outside an engine (the pass applied directly, a check)
-is translated from its fields, at each call, by the ``*_from_strategy`` functions and
-:func:`record_pipe`.
+is resolved once too, at its handle (:mod:`.section`).
 """
 from __future__ import annotations
 
@@ -121,11 +120,6 @@ def stage_pipe(dist_program, pp: int) -> Pipe:
     return pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
 
 
-def record_pipe(dist_program, pipeline_strategy) -> Pipe:
-    """:func:`stage_pipe` for a section outside an engine (its ``pp_degree`` field)."""
-    return stage_pipe(dist_program, int(pipeline_strategy.pp_degree))
-
-
 def sized_costs(placement: Optional[Placement], blocks: Optional[list]) -> Optional[Costs]:
     """Unit job costs scaled per global virtual stage by its share of the ``blocks`` of each
     stage mesh (:func:`~.strategy_checks.block_sizes`; dealt to its chunks on the schedule's
@@ -164,18 +158,3 @@ def pipeline_rank(pp: int, pipe: Optional[Pipe]) -> Optional[int]:
         from paddle.distributed.auto_parallel.static.utils import get_pp_stage_by_pp_degree
         return get_pp_stage_by_pp_degree(pp)
     return pipe.rank_of(dist.get_rank())
-
-
-def pipe_from_strategy(pipeline_strategy) -> Pipe:
-    """:func:`processes` of a section outside an engine (no stage meshes seen)."""
-    return processes(int(pipeline_strategy.pp_degree), None)
-
-
-def config_from_strategy(pipeline_strategy, pp_stage="auto",
-                         blocks: Optional[list] = None) -> PipelineConfig:
-    """The :class:`PipelineConfig` of a section outside an engine, resolved from its fields
-    (:func:`resolve_request`, with ``blocks``) on ``pp_stage`` (``"auto"``: this process's,
-    :func:`pipeline_rank`)."""
-    stage = pipeline_rank(int(pipeline_strategy.pp_degree), None) \
-        if pp_stage == "auto" else pp_stage
-    return resolve_request(pipeline_strategy, stage, blocks).config

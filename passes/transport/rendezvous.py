@@ -5,7 +5,7 @@ launcher's TCP store (:mod:`.launch_store`), within a bound of pipesplit's own.
 :func:`rendezvous` waits until all processes arrive at a key, polling
 (``$PIPESPLIT_REPLAN_TIMEOUT_S`` bounds the wait): the set-up, exchange and search of one
 process can then never run a peer into gloo's 30-second transfer timeout.  A measured re-plan
-(:func:`pipesplit.passes.engine.replanning.measured_replan`) meets its processes here, through
+(:class:`pipesplit.passes.engine.replanning.Measurement`) meets its processes here, through
 its engine's :class:`~pipesplit.passes.transport.base.Transport`.
 """
 from __future__ import annotations

@@ -236,7 +236,7 @@ def test_pp_degree_left_at_1_takes_the_number_of_stage_meshes():
     fill_in_what_paddle_derives(strategy, model)
     assert strategy.pipeline.pp_degree == 2
     strategy = _pipeline_strategy()
-    strategy.pipeline.pp_degree = 4  # an explicit value stays (record_pipe refuses it later)
+    strategy.pipeline.pp_degree = 4  # an explicit value stays (stage_pipe refuses it later)
     fill_in_what_paddle_derives(strategy, model)
     assert strategy.pipeline.pp_degree == 4
 
@@ -262,8 +262,8 @@ def test_uneven_stages_are_simulated_with_their_sizes():
     the unit costs."""
     from pipesplit.job_list.costs import Costs
     from pipesplit.passes.engine.strategy_checks import block_sizes
-    from pipesplit.passes.engine.strategy_config import config_from_strategy
     from pipesplit.passes.engine.user_options import use_costs
+    from pipesplit.passes.strategy import config_from_strategy
 
     section = pipeline(**ZBV)
     blocks = block_sizes(section, placed([4, 3]))
