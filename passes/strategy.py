@@ -176,9 +176,10 @@ def pipe_from_strategy(pipeline_strategy):
 
 def record_pipe(dist_program, pipeline_strategy):
     """This process's pipeline from the stage meshes of ``dist_program`` (an engine's whole
-    distributed program), for the section's ``pp``
-    (:func:`~.engine.strategy_config.stage_pipe`)."""
-    return strategy_config.stage_pipe(dist_program, held_request(pipeline_strategy).request.pp)
+    distributed program), for the section's ``pp_degree`` (an engine's copy holds what its
+    opening filled in) (:func:`~.engine.strategy_config.stage_pipe`); the section is only
+    read."""
+    return strategy_config.stage_pipe(dist_program, int(pipeline_strategy.pp_degree))
 
 
 def requested_schedule(pipeline_strategy) -> str:
