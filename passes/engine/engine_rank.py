@@ -5,24 +5,28 @@
 stages, with LOCAL chunk ids (0 .. vpp-1, set by the engine's chunk completion; all -1 when
 vpp = 1), Paddle's own ``send_v2`` / ``recv_v2`` at the stage boundaries (one ring per
 direction) and the gradient-merge buffers (``<param>@GRAD@MERGE``) that already accumulate the
-micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan``:
+micro-batches.  :func:`build_engine_rank_plan` turns it into a ``core.Plan`` with
+:class:`EngineRankBuilder`, in the order every builder follows
+(:class:`~pipesplit.passes.split.builder.PlanBuilder`); what it fills:
 
-1. every ``recv_v2`` becomes a named block input and every ``send_v2`` a named output
+1. the split, before completion (:meth:`EngineRankBuilder.prepare`): every ``recv_v2``
+   becomes a named block input and every ``send_v2`` a named output
    (``builtin.shadow_output``), so the transfers can move into send / recv jobs; each is checked
    against the peer the schedule's placement gives, as a process of this process's pipeline
    (``job_list.pipe``: the processes sharing its dp / mp coordinate; a mismatch is a
-   ``ValueError``, not a hang);
-2. the shared core completes, splits the backward into B / W (a value that is sent is needed
-   outside its chunk, so it stays in B) and cuts ``forward{c}`` ... ``optimizer`` by local
-   chunk, adding NO gradient accumulation;
-3. the plan's transport builds the send / recv jobs and the job order from this rank's
-   programs and transfers (:meth:`~pipesplit.passes.transport.base.Transport.rank_comm`, the
-   back half both rank builders share: :mod:`pipesplit.passes.transport.rank_comm`): on CPU
-   gloo broadcasts on ring 0 (every rank joining every transfer beyond two ranks), or, with
-   dp / mp beside the pipeline or an optimizer exchange between more than two ranks, every
-   collective a world gather in lockstep (:mod:`pipesplit.passes.transport.lockstep`); on GPU
-   the engine's own NCCL rings, with stream events;
-4. the job order is this rank's list from pipesplit's lowering (rendezvous-safe), optimizer last.
+   ``ValueError``, not a hang); then the shared core completes, splits the backward into B / W
+   (a value that is sent is needed outside its chunk, so it stays in B) and cuts
+   ``forward{c}`` ... ``optimizer`` by local chunk, adding NO gradient accumulation;
+2. the rank's communication: the plan's transport builds the send / recv jobs and the job
+   order from this rank's programs and transfers
+   (:meth:`~pipesplit.passes.transport.base.Transport.rank_comm`, the back half both rank
+   builders share: :mod:`pipesplit.passes.transport.rank_comm`): on CPU gloo broadcasts on
+   ring 0 (every rank joining every transfer beyond two ranks), or, with dp / mp beside the
+   pipeline or an optimizer exchange between more than two ranks, every collective a world
+   gather in lockstep (:mod:`pipesplit.passes.transport.lockstep`); on GPU the engine's own
+   NCCL rings, with stream events;
+3. the job order is this rank's list from pipesplit's lowering (rendezvous-safe), the step's
+   shared-parameter exchanges around it, optimizer last.
 """
 from __future__ import annotations
 
@@ -36,7 +40,8 @@ from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.split.builder import RankJobs, RankPlanBuilder
+from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.transport.lockstep import ring_ranks as _ring_ranks
 from pipesplit.passes.transport.base import Transport
 from pipesplit.passes.transport.rank_comm import EventSites, RankPrograms
@@ -44,7 +49,7 @@ from pipesplit.passes.transport.ring_order import world_transfers
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import make_plan, without_op_callstacks  # noqa: E402
+from pipesplit.ir_utils import without_op_callstacks  # noqa: E402
 from pipesplit.ir_utils.clip import clip_the_average  # noqa: E402
 from pipesplit.ir_utils.regather import regather_for_backward  # noqa: E402
 from pipesplit.passes.engine.shared_parameters import (SHARED_GRADS, SHARED_WEIGHTS,  # noqa: E402
@@ -103,72 +108,103 @@ def p2p_to_handoffs(program, rank: int, schedule: Schedule, pipe: Pipe) -> List[
     placement (``ValueError`` naming the stage, the ranks and the strategy field).  ``rank`` is
     this process's pipeline rank in ``pipe``; the transfers' ends are processes."""
     block = program.global_block()
-    placement = schedule.placement
-    place = paddle.base.libpaddle.Place()
-    place.set_place(paddle.framework._current_expected_place())
+    place = _expected_place()
     out: List[EngineTransfer] = []
     counts: Dict[Tuple[str, int], int] = {}
     for op in list(block.ops):
         if op.name() not in P2P_OPS or op.op_role == ROLE_OPTIMIZE:
             continue  # the optimizer's exchanges (clipping's norms) stay in its program
         kind, chunk = _kind_of(op), op.chunk_id
-        attrs = op.attrs()
-        ring = (int(attrs["ring_id"]), _ring_ranks(int(attrs["ring_id"])))
-        peer_process = ring[1][int(attrs["peer"])]
-        peer = _pipeline_rank(pipe, peer_process, op.name(), kind, chunk)
-        stage = placement.stage(rank, chunk)
-        other, _ = other_end(kind, stage)
-        expected = placement.rank_of(other) if 0 <= other < schedule.num_stages else None
-        if expected is None:
-            raise ValueError(
-                f"strategy.pipeline.schedule_mode={schedule.name!r} makes stage {stage} (rank "
-                f"{rank}, chunk {chunk}) the {'last' if other > stage else 'first'} stage, but "
-                f"the engine's program has a {op.name()} ({kind}) with rank {peer}: the stage "
-                "meshes contradict the schedule's placement")
-        if peer != expected:
-            raise ValueError(
-                f"strategy.pipeline.schedule_mode={schedule.name!r} puts stage {stage} (rank "
-                f"{rank}, chunk {chunk}) next to stage {other} on rank {expected} "
-                f"({placement.kind} placement), but the engine's program has a {op.name()} "
-                f"({kind}) with rank {peer}: the stage meshes contradict the schedule's "
-                "placement")
+        ring = _ring_of(op)
+        peer = _pipeline_rank(pipe, ring[1][int(op.attrs()["peer"])], op.name(), kind, chunk)
+        stage = schedule.placement.stage(rank, chunk)
+        other = _checked_neighbour(schedule, op, kind, rank, chunk, peer)
         k = counts.get((kind, chunk), 0)
         counts[(kind, chunk)] = k + 1
         name = f"{HANDOFF_PREFIX}{job_type(kind, chunk)}_{k}"
         if op.name() == "pd_op.send_v2":
-            value = op.operand_source(0)
-            paddle.pir.set_insertion_point(op)
-            if _is_source(value):
-                # (another stage reads a parameter (a tied embedding), a feed or a relayed
-                # value: a handoff of the value itself would rename its variable to the
-                # handoff's name)
-                value = _shared(value, op)
-            paddle._C_ops.set_persistable_value(value, name)
-            sink = block.ops[block.ops.index(op) - 1]  # the shadow_output just made
-            sink.op_role = op.op_role
-            sink.set_int_attr("chunk_id", chunk)
-            value_type, src, dst, src_stage, dst_stage = value.type(), rank, peer, stage, other
-            src, dst = pipe.process_of(src), pipe.process_of(dst)
+            value_type = _send_as_output(block, op, name).type()
+            src, dst, src_stage, dst_stage = rank, peer, stage, other
         else:
-            result = op.result(0)
-            value_type = result.type()
-            kw = block.add_kwarg(name, value_type)
-            kw.persistable = False
-            kw.place_attr = place
-            result.replace_all_uses_with(kw)
+            value_type = _recv_as_input(block, op, name, place)
             src, dst, src_stage, dst_stage = peer, rank, other, stage
-            src, dst = pipe.process_of(src), pipe.process_of(dst)
-        if any(int(s) < 0 for s in value_type.shape):
-            raise ValueError(f"{op.name()} of {job_type(kind, chunk)} has a dynamic shape "
-                             f"{list(value_type.shape)}; pipesplit's engine path needs static "
-                             "micro-batch shapes: give dist.to_static a loader of fixed-size "
-                             "batches (drop_last=True), whose first batch the engine traces, "
-                             "and no -1 in the model's own shapes between stages")
+        _check_static_shape(op, kind, chunk, value_type)
         op.erase()
-        out.append(EngineTransfer(kind, chunk, Transfer(name, value_type, src, dst, src_stage,
-                                                        dst_stage, ring)))
+        out.append(EngineTransfer(kind, chunk, Transfer(
+            name, value_type, pipe.process_of(src), pipe.process_of(dst), src_stage, dst_stage,
+            ring)))
     paddle.pir.set_insertion_point_to_block_end(block)
     return out
+
+
+def _expected_place():
+    """Paddle's current expected place, as a block input's place attribute takes it."""
+    place = paddle.base.libpaddle.Place()
+    place.set_place(paddle.framework._current_expected_place())
+    return place
+
+
+def _checked_neighbour(schedule: Schedule, op, kind: str, rank: int, chunk: int,
+                       peer: int) -> int:
+    """The stage at the other end of the engine's p2p ``op`` (``kind`` of local ``chunk``):
+    the placement's neighbour of this rank's stage, which must be on pipeline rank ``peer``
+    (``op``'s); a ``ValueError`` naming the stage, the ranks and the schedule otherwise."""
+    placement = schedule.placement
+    stage = placement.stage(rank, chunk)
+    other, _ = other_end(kind, stage)
+    if not 0 <= other < schedule.num_stages:
+        raise ValueError(
+            f"strategy.pipeline.schedule_mode={schedule.name!r} makes stage {stage} (rank "
+            f"{rank}, chunk {chunk}) the {'last' if other > stage else 'first'} stage, but "
+            f"the engine's program has a {op.name()} ({kind}) with rank {peer}: the stage "
+            "meshes contradict the schedule's placement")
+    expected = placement.rank_of(other)
+    if peer != expected:
+        raise ValueError(
+            f"strategy.pipeline.schedule_mode={schedule.name!r} puts stage {stage} (rank "
+            f"{rank}, chunk {chunk}) next to stage {other} on rank {expected} "
+            f"({placement.kind} placement), but the engine's program has a {op.name()} "
+            f"({kind}) with rank {peer}: the stage meshes contradict the schedule's "
+            "placement")
+    return other
+
+
+def _send_as_output(block, send, name: str):
+    """The value ``send`` sends, written as the named output ``name`` of ``send``'s job (a
+    ``builtin.shadow_output`` made right before it, in its role and chunk): the value."""
+    value = send.operand_source(0)
+    paddle.pir.set_insertion_point(send)
+    if _is_source(value):
+        # (another stage reads a parameter (a tied embedding), a feed or a relayed value: a
+        # handoff of the value itself would rename its variable to the handoff's name)
+        value = _shared(value, send)
+    paddle._C_ops.set_persistable_value(value, name)
+    sink = block.ops[block.ops.index(send) - 1]  # the shadow_output just made
+    sink.op_role = send.op_role
+    sink.set_int_attr("chunk_id", send.chunk_id)
+    return value
+
+
+def _recv_as_input(block, recv, name: str, place):
+    """The value ``recv`` receives, replaced by the block input ``name`` (not persistable, on
+    ``place``) wherever it is used: its type."""
+    result = recv.result(0)
+    value_type = result.type()
+    kw = block.add_kwarg(name, value_type)
+    kw.persistable = False
+    kw.place_attr = place
+    result.replace_all_uses_with(kw)
+    return value_type
+
+
+def _check_static_shape(op, kind: str, chunk: int, value_type) -> None:
+    """A transfer's shape is fixed when the plan is built: a dynamic one is refused."""
+    if any(int(s) < 0 for s in value_type.shape):
+        raise ValueError(f"{op.name()} of {job_type(kind, chunk)} has a dynamic shape "
+                         f"{list(value_type.shape)}; pipesplit's engine path needs static "
+                         "micro-batch shapes: give dist.to_static a loader of fixed-size "
+                         "batches (drop_last=True), whose first batch the engine traces, "
+                         "and no -1 in the model's own shapes between stages")
 
 
 #: ops whose value is a variable of the scope by its own name (a parameter, a feed)
@@ -271,7 +307,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
                            shared: Sequence[SharedParameter] = (),
                            regather: bool = True) -> PipelinePlan:
     """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
-    modified).  ``transport``: the engine's (its device's,
+    modified; :class:`EngineRankBuilder`).  ``transport``: the engine's (its device's,
     :func:`~pipesplit.passes.transport.devices.transport_for`); the plan chooses its way from
     the world, ``pp`` and the optimizer's exchanges.  ``pipe``: this
     process's pipeline (which process runs each pipeline rank; default one process per stage,
@@ -280,47 +316,77 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
     :mod:`pipesplit.passes.engine.shared_parameters`).  ``regather``: a weight sharding stage 3
     gathers for the forward is gathered again for the backward
     (:mod:`pipesplit.ir_utils.regather`), not kept from one job to the other."""
-    rank = config.pp_stage
-    if rank is None:
+    if config.pp_stage is None:
         raise ValueError("the engine path needs pp_stage (this process's pipeline rank)")
     pipe = pipe or Pipe.single_process_per_stage(config.pp_degree)
     if pipe.pp != config.pp_degree:
         raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
                          f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
-    opened = open_schedule(config, main_program, built)
-    schedule, lowered = opened.schedule, opened.lowered
-    found: List[EngineTransfer] = []
-    here = SharedOnThisRank()
+    return EngineRankBuilder(main_program, config, transport, pipe, built, shared,
+                             regather).build()
 
-    def prepare(work):
-        nonlocal here
-        localize_chunks(work, config.vpp_degree)
-        if regather:
+
+class EngineRankBuilder(RankPlanBuilder):
+    """Rank ``config.pp_stage`` from the engine's per-rank program: split by local chunk with
+    no accumulation (the engine's gradient merge accumulates) and no fetches (the engine
+    fetches); the engine's p2p ops become handoffs before the split (:meth:`prepare`); the
+    transport's way is chosen from the rank's programs; the step's shared-parameter exchanges
+    go around the comm order."""
+
+    chunk_ids_are_stages = False
+    adds_accumulation = False
+    adds_fetches = False
+
+    def __init__(self, main_program, config: PipelineConfig, transport: Transport, pipe: Pipe,
+                 built=None, shared: Sequence[SharedParameter] = (), regather: bool = True):
+        super().__init__(main_program, config, built)
+        self.device_transport = transport   # the engine's, no plan's way chosen yet
+        self.pipe, self.shared, self.regather = pipe, shared, regather
+        # (set by prepare, read by the later steps)
+        self.found: List[EngineTransfer] = []   # the engine's p2p ops, now handoffs
+        self.here = SharedOnThisRank()          # the shared parameters this rank serves
+
+    def prepare(self, work, opened) -> None:
+        """Local chunk ids, the stage-3 weights gathered again for the backward, the
+        parameters another stage reads served by step jobs, the p2p ops made handoffs."""
+        rank, placement = self.config.pp_stage, opened.schedule.placement
+        localize_chunks(work, self.config.vpp_degree)
+        if self.regather:
             regather_for_backward(work)
-        here = serve_shared_parameters(work, rank, schedule.placement, pipe, shared, _ring_of)
-        found.extend(p2p_to_handoffs(work, rank, schedule, pipe))
+        self.here = serve_shared_parameters(work, rank, placement, self.pipe, self.shared,
+                                            _ring_of)
+        self.found.extend(p2p_to_handoffs(work, rank, opened.schedule, self.pipe))
 
-    split, report = split_sub_programs(main_program, config, num_chunks=config.vpp_degree,
-                                       accumulate=None, prepare=prepare, fetch_names=[],
-                                       schedule=schedule)
-    _check_against_schedule(found, lowered, rank)
-    programs = dict(split.programs)
-    with without_op_callstacks():  # as the split: the ops added here point into pipesplit
+    def communicate(self, opened, split):
+        with without_op_callstacks():  # as the split: the ops added here point into pipesplit
+            return super().communicate(opened, split)
+
+    def rank_programs(self, opened, split) -> RankPrograms:
+        """The split's programs, checked against the schedule's comm jobs, the optimizer's
+        clipping made to act on the average (:func:`~pipesplit.ir_utils.clip.clip_the_average`)."""
+        _check_against_schedule(self.found, opened.lowered, self.config.pp_stage)
+        programs = dict(split.programs)
         if OPTIMIZER in programs:  # (evaluation and prediction have none)
-            clip_the_average(programs[OPTIMIZER], config.num_micro_batches)
-        transport = transport.for_plan(paddle.distributed.get_world_size(), config.pp_degree,
-                                       _optimizer_exchanges(programs))
-        rank_comm = transport.rank_comm(_rank_programs(programs, found, opened, config, pipe))
-        job_order = _with_step_exchanges(rank_comm.job_order, programs, shared, here,
-                                         schedule.placement, pipe, pipe.process_of(rank),
-                                         transport)
-    used = {t: programs[t] for t in dict.fromkeys(t for t, _ in job_order)}
-    plan = make_plan(job_order, used, config.num_micro_batches,
-                     _compute_names(split, programs))
-    split.programs = programs
-    return PipelinePlan(config, schedule, lowered, job_order, split, plan, report,
-                        comm_progress=rank_comm.comm_progress(pipe), timing=opened.timing,
-                        scope_variables=dict(here.scope_variables))
+            clip_the_average(programs[OPTIMIZER], self.config.num_micro_batches)
+        return _rank_programs(programs, self.found, opened, self.config, self.pipe)
+
+    def plan_transport(self, rank: RankPrograms) -> Transport:
+        return self.device_transport.for_plan(paddle.distributed.get_world_size(),
+                                              self.config.pp_degree,
+                                              _optimizer_exchanges(rank.programs))
+
+    def rank_jobs(self, split, rank: RankPrograms, comm, transport: Transport) -> RankJobs:
+        """The shared weights' exchange first, the comm order, their gradients' exchange,
+        the optimizer last; the split records the rank's programs."""
+        programs = rank.programs
+        order = _with_step_exchanges(comm.job_order, programs, self.shared, self.here,
+                                     rank.opened.schedule.placement, self.pipe, rank.process,
+                                     transport)
+        required_vars = _compute_names(split, programs)
+        split.programs = programs
+        return RankJobs(order, programs, split, required_vars=required_vars, recorded=dict(
+            comm_progress=comm.comm_progress(self.pipe),
+            scope_variables=dict(self.here.scope_variables)))
 
 
 def _compute_names(split, programs) -> Dict[str, frozenset]:

@@ -4,8 +4,9 @@ Three builders sit on it, one per kind of input program (see docs/design.md, "Th
 passes accept"): :mod:`.pipeline` (the whole model, every rank emulated in one process),
 :mod:`.per_rank` (the whole model, one rank's programs) and
 :mod:`pipesplit.passes.engine.engine_rank` (one rank's program as Paddle's auto-parallel engine
-partitioned it).  The engine's builder imports neither of the others; :mod:`.pipeline` hands a
-config with ``pp_stage`` to :mod:`.per_rank`.
+partitioned it).  They take these pieces in one order, :class:`.builder.PlanBuilder`'s.  The
+engine's builder imports neither of the others; :mod:`.pipeline` hands a config with
+``pp_stage`` to :mod:`.per_rank`.
 """
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ sub-programs of its own stages, typed by LOCAL chunk ``c`` (stage = ``placement.
 * The optimizer sub-program keeps only the updates of the parameters this rank's stages use;
   global-norm clipping's squared norm and a tied weight's gradient are summed over the ranks
   with an all-reduce first (:func:`filter_optimizer`).
+* The build follows every builder's order (:class:`~pipesplit.passes.split.builder.PlanBuilder`):
+  :class:`WholeModelRankBuilder` fills the rank's communication.
 * The comm programs and the job order are the plan's transport's
   (:meth:`~pipesplit.passes.transport.base.Transport.rank_comm`, the back half both rank
   builders share: :mod:`pipesplit.passes.transport.rank_comm`): the rank's list from
@@ -37,11 +39,10 @@ from pipesplit.job_list.pipe import Pipe
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.job_list.request import PipelineConfig
-from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.split.builder import RankJobs, RankPlanBuilder
 
 paddle = require_supported_paddle()
 
-from pipesplit.ir_utils import make_plan  # noqa: E402
 from pipesplit.passes.transport.progress import CommProgress  # noqa: E402
 from pipesplit.passes.transport.ring_order import comm_transfers  # noqa: E402
 from pipesplit.ir_utils.extract import SplitProgram  # noqa: E402
@@ -282,7 +283,8 @@ def _all_reduced_partial_sum(chain, terms, all_reduce_sum):
 def build_rank_plan(main_program, startup_program, config: PipelineConfig,
                     device: str = "auto", progress: bool = True, built=None,
                     overlap: bool = True):
-    """The :class:`~pipesplit.passes.split.core.PipelinePlan` of rank ``config.pp_stage``.
+    """The :class:`~pipesplit.passes.split.core.PipelinePlan` of rank ``config.pp_stage``
+    (:class:`WholeModelRankBuilder`).
 
     ``device``: "cpu" (gloo broadcasts on the world ring, any pp_degree), "gpu" (NCCL send_v2 / recv_v2) or
     "auto" (from Paddle's current expected place).  ``progress``: comm programs bump the
@@ -291,44 +293,73 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     streams of their own, tied to their producers and consumers by events, or on the compute
     stream in job order (``strategy.pipeline.enable_send_recv_overlap``).
     """
-    rank = config.pp_stage
-    if rank is None:
+    if config.pp_stage is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
     transport = rank_plan_transport(device, config.pp_degree, overlap)
-    opened = open_schedule(config, main_program, built)
-    schedule, lowered = opened.schedule, opened.lowered
-    split, report = split_sub_programs(main_program, config, schedule=schedule)
+    return WholeModelRankBuilder(main_program, config, transport, progress, built).build()
 
-    stages = {c: schedule.placement.stage(rank, c) for c in range(config.vpp_degree)}
-    owners, params = _ownership(split, schedule.placement)
-    programs = _local_compute_programs(split, stages, schedule.is_forward_only)
-    transfers = cross_rank_transfers(split, schedule)
-    ring_ids = transport.p2p_rings(schedule)
-    rank_comm = transport.rank_comm(RankPrograms(
-        rank=rank, pipe=Pipe.single_process_per_stage(config.pp_degree), opened=opened,
-        num_chunks=config.vpp_degree, programs=programs,
-        transfers_of=lambda kind, chunk: comm_transfers(kind, stages[chunk], transfers),
-        step_transfers=lambda: transfers, event_sites=_WholeModelSites(split, stages),
-        ring_ids=ring_ids, progress=progress))
-    programs[OPTIMIZER], num_all_reduces, reduce_ring_id = _rank_optimizer(
-        split.programs[OPTIMIZER], owners, rank, config.pp_degree, transport)
-    job_order = list(rank_comm.job_order)
-    if not schedule.is_forward_only:
-        job_order.append((OPTIMIZER, 0))
 
-    rank_split = _rank_split(split, programs, stages, config.vpp_degree)
-    used = dict.fromkeys(t for t, _ in job_order)
-    plan = make_plan(job_order, {t: programs[t] for t in used}, config.num_micro_batches)
-    local = {n for n, r in owners.items() if rank in r}
-    info = RankInfo(rank=rank, pp=config.pp_degree, transport=transport, stages=stages,
-                    param_names=sorted(p for p in params if p in local),
-                    comm=rank_comm.comm, ring_ids=ring_ids,
-                    fetch_names=[n for _, n in rank_split.fetches],
-                    feed_names=sorted(set().union(*(_data_in(programs[t]) for t in used))),
-                    comm_sequence=rank_comm.comm_sequence, bystanders=rank_comm.bystanders,
-                    reduce_ring_id=reduce_ring_id, num_all_reduces=num_all_reduces)
-    return PipelinePlan(config, schedule, lowered, job_order, rank_split, plan, report,
-                        rank_info=info, timing=opened.timing)
+class WholeModelRankBuilder(RankPlanBuilder):
+    """Rank ``config.pp_stage`` of the whole model: the base's split (global stages, with
+    accumulation and fetches); the rank keeps its own stages' programs under local job types,
+    its handoffs to other ranks become transfers, its optimizer keeps its parameters."""
+
+    def __init__(self, main_program, config: PipelineConfig, transport: Transport,
+                 progress: bool, built=None):
+        super().__init__(main_program, config, built)
+        self.transport = transport      # the plan's, its way chosen for pp processes
+        self.progress = progress
+        # (set from the split by rank_programs, read by rank_jobs)
+        self.stages: Dict[int, int] = {}                 # local chunk -> global stage
+        self.owners: Dict[str, Set[int]] = {}            # persistable name -> its ranks
+        self.params: Set[str] = set()                    # parameters the compute programs use
+
+    def rank_programs(self, opened, split) -> RankPrograms:
+        config, schedule = self.config, opened.schedule
+        self.stages = stages = {c: schedule.placement.stage(config.pp_stage, c)
+                                for c in range(config.vpp_degree)}
+        self.owners, self.params = _ownership(split, schedule.placement)
+        programs = _local_compute_programs(split, stages, schedule.is_forward_only)
+        transfers = cross_rank_transfers(split, schedule)
+        return RankPrograms(
+            rank=config.pp_stage, pipe=Pipe.single_process_per_stage(config.pp_degree),
+            opened=opened, num_chunks=config.vpp_degree, programs=programs,
+            transfers_of=lambda kind, chunk: comm_transfers(kind, stages[chunk], transfers),
+            step_transfers=lambda: transfers, event_sites=_WholeModelSites(split, stages),
+            ring_ids=self.transport.p2p_rings(schedule), progress=self.progress)
+
+    def plan_transport(self, rank: RankPrograms) -> Transport:
+        return self.transport
+
+    def rank_jobs(self, split, rank: RankPrograms, comm, transport: Transport) -> RankJobs:
+        """The comm order, then the optimizer cut to this rank's parameters (its all-reduce
+        ring, if any, made after the p2p rings: in the same order on every rank)."""
+        programs = rank.programs
+        programs[OPTIMIZER], num_all_reduces, reduce_ring_id = _rank_optimizer(
+            split.programs[OPTIMIZER], self.owners, rank.rank, self.config.pp_degree, transport)
+        order = list(comm.job_order)
+        if not rank.opened.schedule.is_forward_only:
+            order.append((OPTIMIZER, 0))
+        rank_split = _rank_split(split, programs, self.stages, self.config.vpp_degree)
+        info = RankInfo(rank=rank.rank, pp=self.config.pp_degree, transport=transport,
+                        stages=self.stages, param_names=self._params_of(rank.rank),
+                        comm=comm.comm, ring_ids=rank.ring_ids,
+                        fetch_names=[n for _, n in rank_split.fetches],
+                        feed_names=_feeds_of(programs, order),
+                        comm_sequence=comm.comm_sequence, bystanders=comm.bystanders,
+                        reduce_ring_id=reduce_ring_id, num_all_reduces=num_all_reduces)
+        return RankJobs(order, programs, rank_split, recorded={"rank_info": info})
+
+    def _params_of(self, rank: int) -> List[str]:
+        """The parameters rank ``rank`` holds and updates."""
+        local = {n for n, ranks in self.owners.items() if rank in ranks}
+        return sorted(p for p in self.params if p in local)
+
+
+def _feeds_of(programs, order) -> List[str]:
+    """The data ops the programs of ``order``'s jobs read."""
+    used = dict.fromkeys(t for t, _ in order)
+    return sorted(set().union(*(_data_in(programs[t]) for t in used)))
 
 
 def _ownership(split: SplitProgram, placement) -> Tuple[Dict[str, Set[int]], Set[str]]:

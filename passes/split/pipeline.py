@@ -4,7 +4,8 @@ In one process every rank is emulated: the program holds all ``pp*vpp`` virtual 
 chunk of its own (chunk id = global stage), and the ranks' lowered job lists are merged into one
 global order by the simulator's start times.  Send / recv sub-programs are empty there (the
 handoffs live in the micro-batch scope), but they stay in the order so the plan has the same
-shape as a real multi-rank one.
+shape as a real multi-rank one.  The order of the build is the builders' one
+(:class:`~pipesplit.passes.split.builder.PlanBuilder`); :class:`OneProcessBuilder` fills step 3.
 """
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from typing import List, Optional, Tuple
 from pipesplit.job_list import OPTIMIZER, Job, Schedule
 from pipesplit.job_list.lower import global_order
 
+from pipesplit.job_list.opening import OpenedSchedule
 from pipesplit.passes._paddle import require_supported_paddle
+from pipesplit.passes.split.builder import PlanBuilder, RankJobs
 from pipesplit.passes.split.checks import check_pass_inputs
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.job_list.request import make_schedule
-from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
+from pipesplit.passes.split.core import PipelinePlan, split_sub_programs
 from pipesplit.passes.split.per_rank import build_rank_plan
 
 paddle = require_supported_paddle()
-
-from pipesplit.ir_utils import make_plan  # noqa: E402
 
 __all__ = ["PipelinePlan", "emulated_job_order", "make_schedule", "split_and_schedule",
            "split_sub_programs"]
@@ -42,6 +43,17 @@ def emulated_job_order(schedule: Schedule, costs=None, sequence=None) -> List[Tu
     return order
 
 
+class OneProcessBuilder(PlanBuilder):
+    """Every rank in this process: the whole model split by global stage, with accumulation
+    and fetches (the base's split)."""
+
+    def communicate(self, opened: OpenedSchedule, split) -> RankJobs:
+        """No transport: the handoffs stay in the micro-batch scope, and the order merges
+        every rank's lowered list (:func:`emulated_job_order`), typed by global stage."""
+        order = emulated_job_order(opened.schedule, sequence=opened.order)
+        return RankJobs(order, split.programs, split, required_vars=split.required_vars)
+
+
 def split_and_schedule(main_program, startup_program, config: PipelineConfig,
                        built: Optional[Schedule] = None) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts.
@@ -56,9 +68,4 @@ def _split_and_schedule(main_program, startup_program, config, built):
     check_pass_inputs(main_program, startup_program, config)
     if config.pp_stage is not None:
         return build_rank_plan(main_program, startup_program, config, built=built)
-    opened = open_schedule(config, main_program, built)
-    split, report = split_sub_programs(main_program, config, schedule=opened.schedule)
-    job_order = emulated_job_order(opened.schedule, sequence=opened.order)
-    plan = make_plan(job_order, split.programs, config.num_micro_batches, split.required_vars)
-    return PipelinePlan(config, opened.schedule, opened.lowered, job_order, split, plan, report,
-                        timing=opened.timing)
+    return OneProcessBuilder(main_program, config, built).build()
