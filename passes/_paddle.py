@@ -20,6 +20,7 @@ SUPPORTED_PADDLE_LINES = {
     "3.3": ("3.3.1", "3.3.0"),
     "3.2": ("3.2.2", "3.2.1", "3.2.0"),
     "3.1": ("3.1.1", "3.1.0"),
+    "3.0": ("3.0.0",),
 }
 #: every supported release, newest first (the first is the pinned one the install hint names)
 SUPPORTED_PADDLE_VERSIONS = tuple(v for line in SUPPORTED_PADDLE_LINES.values() for v in line)
@@ -35,9 +36,11 @@ NEEDS_PROTOBUF_LABEL = tuple(v for v in SUPPORTED_PADDLE_VERSIONS if v != "3.3.1
 #: lines on which PaddleFormers 0.4.0's ``AutoTrainer`` (the model library's trainer) cannot
 #: run, and why: in its own code, before pipesplit runs (not a limit of pipesplit's); its tests
 #: run on the other lines, and ``tools/check_paddle_release.py`` installs it only there
+_NO_AUTO_TRAINER = ("its AutoTrainer does not import (No module named "
+                    "'paddle.distributed.auto_parallel._utils')")
 PADDLEFORMERS_CANNOT_RUN = {
-    "3.1": "its AutoTrainer does not import (No module named "
-           "'paddle.distributed.auto_parallel._utils')",
+    "3.1": _NO_AUTO_TRAINER,
+    "3.0": _NO_AUTO_TRAINER,
 }
 PADDLEFORMERS_RELEASES = tuple(v for line, releases in SUPPORTED_PADDLE_LINES.items()
                                if line not in PADDLEFORMERS_CANNOT_RUN for v in releases)
@@ -48,7 +51,8 @@ _INSTALL = f"pip install paddlepaddle=={PINNED_PADDLE_VERSION}"
 
 
 def supported_text() -> str:
-    """The supported releases by line: ``3.3.1, 3.3.0; 3.2.2, 3.2.1, 3.2.0; 3.1.1, 3.1.0``."""
+    """The supported releases by line: ``3.3.1, 3.3.0; 3.2.2, 3.2.1, 3.2.0; 3.1.1, 3.1.0;
+    3.0.0``."""
     return "; ".join(", ".join(line) for line in SUPPORTED_PADDLE_LINES.values())
 
 
