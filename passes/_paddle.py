@@ -44,6 +44,16 @@ PADDLEFORMERS_CANNOT_RUN = {
 }
 PADDLEFORMERS_RELEASES = tuple(v for line, releases in SUPPORTED_PADDLE_LINES.items()
                                if line not in PADDLEFORMERS_CANNOT_RUN for v in releases)
+#: what Paddle's own code cannot do on a line (before pipesplit runs, not a limit of
+#: pipesplit's), by name: the tests that need it are skipped there with the release and why
+ONE_D_STAGE_MESHES = "stage meshes cut from a 1-D global mesh"
+PADDLE_CANNOT = {
+    "3.0": {
+        ONE_D_STAGE_MESHES:
+            "ProcessMesh.get_mesh_with_dim cuts no stage mesh from a 1-D mesh (ValueError: "
+            "The mesh must be an instance of list or np.ndarray)",
+    },
+}
 #: ``PIPESPLIT_UNTESTED_PADDLE=X.Y.Z`` lets exactly that (unlisted) release through, with a
 #: warning: how ``tools/check_paddle_release.py --untested`` tries a new release
 UNTESTED_ENV = "PIPESPLIT_UNTESTED_PADDLE"
@@ -90,6 +100,12 @@ def check_protobuf(version: str) -> None:
         f"{google.protobuf.__version__} no longer has (Paddle's fleet.DistributedStrategy "
         f"then fails: 'hybrid_configs is not a attribute of DistributedStrategy'); install "
         f"protobuf 6 beside it: pip install {PROTOBUF_PIN}")
+
+
+def paddle_cannot(version: str, feature: str):
+    """Why Paddle ``version`` itself cannot do ``feature`` (a name of :data:`PADDLE_CANNOT`;
+    None: it can)."""
+    return PADDLE_CANNOT.get(version.rpartition(".")[0], {}).get(feature)
 
 
 def paddleformers_cannot_run(version: str):

@@ -151,3 +151,12 @@ def test_this_release_has_the_protobuf_it_needs():
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 1, "pp_degree": 2}
     assert strategy.hybrid_configs["pp_degree"] == 2
+
+
+def test_what_paddle_itself_cannot_do_is_named_per_line():
+    from pipesplit.passes._paddle import ONE_D_STAGE_MESHES, PADDLE_CANNOT, paddle_cannot
+
+    assert set(PADDLE_CANNOT) <= set(SUPPORTED_PADDLE_LINES)
+    assert "get_mesh_with_dim" in paddle_cannot("3.0.0", ONE_D_STAGE_MESHES)
+    for release in ("3.1.0", "3.1.1", "3.2.2", "3.3.0", "3.3.1"):
+        assert paddle_cannot(release, ONE_D_STAGE_MESHES) is None, release
