@@ -19,6 +19,11 @@ from .checks import check_feed, describe_missing, missing_scope_vars, plan_input
 #: ``lr_scheduler`` and ``lr_name``), recorded by :func:`make_plan`.  Weak keys: an entry lives
 #: as long as its plan (the program with it), and no later plan can take its place.
 _LR_PROGRAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: what a place is: ``core.Place`` and each kind of place (in Paddle 3.0.0 ``paddle.CPUPlace()``
+#: and its kin are not subclasses of ``core.Place``; in 3.3.1 they are)
+_PLACES = tuple(getattr(core, name) for name in ("Place", "CPUPlace", "CUDAPlace",
+                                                  "CUDAPinnedPlace", "XPUPlace", "IPUPlace",
+                                                  "CustomPlace") if hasattr(core, name))
 
 
 def required_vars_of(programs: Dict[str, "paddle.pir.Program"]) -> Dict[str, set]:
@@ -250,7 +255,7 @@ class PlanRunner:
         if not isinstance(scope, core._Scope):
             raise TypeError(f"scope must be a paddle.static.Scope (e.g. init_scope(model, "
                             f"split)), got {type(scope).__name__}")
-        if place is not None and not isinstance(place, core.Place):
+        if place is not None and not isinstance(place, _PLACES):
             raise TypeError(f"place must be a paddle place such as paddle.CPUPlace(), got "
                             f"{type(place).__name__}")
         self.plan = plan

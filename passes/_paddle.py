@@ -20,6 +20,7 @@ SUPPORTED_PADDLE_LINES = {
     "3.3": ("3.3.1", "3.3.0"),
     "3.2": ("3.2.2", "3.2.1", "3.2.0"),
     "3.1": ("3.1.1", "3.1.0"),
+    "3.0": ("3.0.0",),
 }
 #: every supported release, newest first (the first is the pinned one the install hint names)
 SUPPORTED_PADDLE_VERSIONS = tuple(v for line in SUPPORTED_PADDLE_LINES.values() for v in line)
@@ -35,12 +36,24 @@ NEEDS_PROTOBUF_LABEL = tuple(v for v in SUPPORTED_PADDLE_VERSIONS if v != "3.3.1
 #: lines on which PaddleFormers 0.4.0's ``AutoTrainer`` (the model library's trainer) cannot
 #: run, and why: in its own code, before pipesplit runs (not a limit of pipesplit's); its tests
 #: run on the other lines, and ``tools/check_paddle_release.py`` installs it only there
+_NO_AUTO_TRAINER = ("its AutoTrainer does not import (No module named "
+                    "'paddle.distributed.auto_parallel._utils')")
 PADDLEFORMERS_CANNOT_RUN = {
-    "3.1": "its AutoTrainer does not import (No module named "
-           "'paddle.distributed.auto_parallel._utils')",
+    "3.1": _NO_AUTO_TRAINER,
+    "3.0": _NO_AUTO_TRAINER,
 }
 PADDLEFORMERS_RELEASES = tuple(v for line, releases in SUPPORTED_PADDLE_LINES.items()
                                if line not in PADDLEFORMERS_CANNOT_RUN for v in releases)
+#: what Paddle's own code cannot do on a line (before pipesplit runs, not a limit of
+#: pipesplit's), by name: the tests that need it are skipped there with the release and why
+ONE_D_STAGE_MESHES = "stage meshes cut from a 1-D global mesh"
+PADDLE_CANNOT = {
+    "3.0": {
+        ONE_D_STAGE_MESHES:
+            "ProcessMesh.get_mesh_with_dim cuts no stage mesh from a 1-D mesh (ValueError: "
+            "The mesh must be an instance of list or np.ndarray)",
+    },
+}
 #: ``PIPESPLIT_UNTESTED_PADDLE=X.Y.Z`` lets exactly that (unlisted) release through, with a
 #: warning: how ``tools/check_paddle_release.py --untested`` tries a new release
 UNTESTED_ENV = "PIPESPLIT_UNTESTED_PADDLE"
@@ -48,7 +61,8 @@ _INSTALL = f"pip install paddlepaddle=={PINNED_PADDLE_VERSION}"
 
 
 def supported_text() -> str:
-    """The supported releases by line: ``3.3.1, 3.3.0; 3.2.2, 3.2.1, 3.2.0; 3.1.1, 3.1.0``."""
+    """The supported releases by line: ``3.3.1, 3.3.0; 3.2.2, 3.2.1, 3.2.0; 3.1.1, 3.1.0;
+    3.0.0``."""
     return "; ".join(", ".join(line) for line in SUPPORTED_PADDLE_LINES.values())
 
 
@@ -86,6 +100,12 @@ def check_protobuf(version: str) -> None:
         f"{google.protobuf.__version__} no longer has (Paddle's fleet.DistributedStrategy "
         f"then fails: 'hybrid_configs is not a attribute of DistributedStrategy'); install "
         f"protobuf 6 beside it: pip install {PROTOBUF_PIN}")
+
+
+def paddle_cannot(version: str, feature: str):
+    """Why Paddle ``version`` itself cannot do ``feature`` (a name of :data:`PADDLE_CANNOT`;
+    None: it can)."""
+    return PADDLE_CANNOT.get(version.rpartition(".")[0], {}).get(feature)
 
 
 def paddleformers_cannot_run(version: str):

@@ -59,8 +59,57 @@ def reshard(original):
             return _move_between_meshes(tensor, dist_attr)
         if not tensor._is_initialized():
             return _placed_elsewhere(tensor, dist_attr)
+        if tensor.is_dist() and _changes_a_dim_of_one(tensor, dist_attr):
+            return _without_dims_of_one(original, tensor, dist_attr)
         return original(tensor, dist_attr)
     return reshard
+
+
+def _target_placements(dist_attr):
+    from paddle.distributed.auto_parallel.placement_type import to_placements
+
+    return to_placements(dist_attr.dims_mapping, dist_attr.process_mesh,
+                         list(dist_attr._partial_dims()))
+
+
+def _changes_a_dim_of_one(tensor, dist_attr) -> bool:
+    """A reshard on one mesh, of a tensor placed other than ``Replicate`` on a mesh dimension
+    of size 1 or to be so placed (a weight ``Shard`` on a dp x mp mesh's mp of 1, re-sharded
+    over dp by ``ShardingStage3``).  Paddle 3.0.0 gathers over that dimension first, making a
+    comm context of its one process, and its CPU executor then gives every later collective
+    that context (``nranks: 4 should equal to 1``)."""
+    src, mesh = tensor.process_mesh, dist_attr.process_mesh
+    if list(src.process_ids) != list(mesh.process_ids) or list(src.shape) != list(mesh.shape):
+        return False
+    source, target = list(tensor.placements), _target_placements(dist_attr)
+    return str(source) != str(target) and any(
+        size == 1 and not (a.is_replicated() and b.is_replicated())
+        for size, a, b in zip(mesh.shape, source, target))
+
+
+def _without_dims_of_one(original, tensor, dist_attr):
+    """The reshard with every placement on a mesh dimension of size 1 read as ``Replicate``
+    (one process holds the whole of a ``Shard`` there, and a ``Partial`` sum of one is its
+    value): the same local values, no communication over a dimension of one."""
+    from paddle.distributed.auto_parallel.api import dtensor_from_local
+    from paddle.distributed.auto_parallel.placement_type import to_dim_map
+
+    mesh, target = dist_attr.process_mesh, _target_placements(dist_attr)
+
+    def flat(placements):
+        return [paddle.distributed.Replicate() if size == 1 else p
+                for size, p in zip(mesh.shape, placements)]
+
+    with _dygraph():
+        source = dtensor_from_local(tensor._local_value(), mesh, flat(tensor.placements))
+    dims_mapping, partial = to_dim_map(flat(target), len(tensor.shape))
+    attr = paddle.base.core.TensorDistAttr()
+    attr.process_mesh, attr.dims_mapping = mesh, dims_mapping
+    if partial:
+        attr._set_partial_dims(list(partial))
+    moved = original(source, attr)
+    with _dygraph():
+        return dtensor_from_local(moved._local_value(), mesh, target)
 
 
 def _placed_elsewhere(tensor, dist_attr):

@@ -3,6 +3,8 @@ in :mod:`pipesplit.passes.engine.hooks`): the user's parameter placements, kept 
 back, and the fetched output of a prediction program."""
 from __future__ import annotations
 
+import copy
+
 
 def placements_of(model) -> dict:
     """The user's (mesh, placements) of each distributed parameter of ``model``."""
@@ -12,10 +14,13 @@ def placements_of(model) -> dict:
 
 
 def _placement_key(param):
-    """A copy (the tensor's own mesh object changes when its data moves)."""
+    """A copy (the tensor's own mesh object changes when its data moves; in Paddle 3.0.0 so
+    do the placement objects it hands out, and reading one kept from before a move crashes
+    the process: each is copied)."""
     mesh = param.process_mesh
     return ((tuple(mesh.shape), tuple(mesh.process_ids), tuple(mesh.dim_names)),
-            tuple(str(p) for p in param.placements), list(param.placements))
+            tuple(str(p) for p in param.placements),
+            [copy.deepcopy(p) for p in param.placements])
 
 
 def restore_user_placements(engine, user_placements: dict) -> None:

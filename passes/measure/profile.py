@@ -242,16 +242,19 @@ def job_times(jobs: Sequence[Tuple[str, int, float]]) -> Dict[str, List[float]]:
     return out
 
 
-#: Paddle's flag that makes the interpreters built while it is on run their ops on the calling
-#: thread (its "trace mode"); it is read when an interpreter is built, not when it runs
+#: Paddle's flag that makes the interpreters run their ops on the calling thread (its "trace
+#: mode"); Paddle 3.3.1 reads it when it builds an interpreter, 3.0.0 each time one runs, so
+#: the flag is on both while the measured step's interpreters are built and while it runs
 _TRACE_RUN_FLAG = "FLAGS_enable_pir_in_executor_trace_run"
 
 
 @contextlib.contextmanager
 def ops_on_this_thread():
-    """The executor's interpreters built inside run their ops on the calling thread.
+    """The executor's interpreters built inside run their ops on the calling thread (and, on
+    Paddle 3.0.0, those that run inside: see :data:`_TRACE_RUN_FLAG`).
 
-    The steps up to the measured one build their interpreters so: the profiler's stop gathers
+    The steps up to the measured one build their interpreters so, and the measured step runs
+    so: the profiler's stop gathers
     every thread's events without a lock, and an executor worker still closing its first event
     then (the last op of a step) crashed the process now and then, in
     ``HostEventRecorder::GatherEvents``. With the ops on the profiling thread nothing else

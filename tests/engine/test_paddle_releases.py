@@ -19,12 +19,13 @@ from pipesplit.passes.engine import paddle_patches
 from _paths import REPO
 
 
-def test_the_supported_releases_are_every_release_of_the_3_1_3_2_and_3_3_lines():
+def test_the_supported_releases_are_every_release_of_the_3_0_to_3_3_lines():
     assert SUPPORTED_PADDLE_LINES == {"3.3": ("3.3.1", "3.3.0"),
                                       "3.2": ("3.2.2", "3.2.1", "3.2.0"),
-                                      "3.1": ("3.1.1", "3.1.0")}
+                                      "3.1": ("3.1.1", "3.1.0"),
+                                      "3.0": ("3.0.0",)}
     assert SUPPORTED_PADDLE_VERSIONS == ("3.3.1", "3.3.0", "3.2.2", "3.2.1", "3.2.0", "3.1.1",
-                                         "3.1.0")
+                                         "3.1.0", "3.0.0")
     for line, releases in SUPPORTED_PADDLE_LINES.items():
         assert all(r.rpartition(".")[0] == line for r in releases), line
     assert set(PADDLEFORMERS_RELEASES) == {"3.3.1", "3.3.0", "3.2.2", "3.2.1", "3.2.0"}
@@ -46,14 +47,15 @@ def test_this_release_is_supported_and_has_every_name_the_door_patches():
         paddle_patches.check_names(group)  # a PaddleMismatchError would name what is missing
 
 
-@pytest.mark.parametrize("release", ["3.0.0", "2.6.2", "3.4.0", "3.3.2", "3.1.1rc0"])
+@pytest.mark.parametrize("release", ["3.0.1", "2.6.2", "3.4.0", "3.3.2", "3.1.1rc0",
+                                     "3.0.0rc1"])
 def test_another_release_is_refused_naming_it_and_the_supported_ones(monkeypatch, release):
     monkeypatch.delenv(UNTESTED_ENV, raising=False)
     with pytest.raises(ImportError) as info:
         check_version(release)
     message = str(info.value)
     assert f"found {release}." in message
-    assert "3.3.1, 3.3.0; 3.2.2, 3.2.1, 3.2.0; 3.1.1, 3.1.0" in message
+    assert "3.3.1, 3.3.0; 3.2.2, 3.2.1, 3.2.0; 3.1.1, 3.1.0; 3.0.0" in message
     assert message.endswith("pip install paddlepaddle==3.3.1")
     monkeypatch.setattr(paddle, "__version__", release)
     with pytest.raises(ImportError, match=re.escape(f"found {release}.")):
@@ -112,8 +114,8 @@ def test_no_other_module_compares_paddle_s_version():
 def test_paddleformers_is_left_out_where_its_own_code_cannot_run():
     from pipesplit.passes._paddle import paddleformers_cannot_run
 
-    assert "paddle.distributed.auto_parallel._utils" in paddleformers_cannot_run("3.1.1")
-    assert "paddle.distributed.auto_parallel._utils" in paddleformers_cannot_run("3.1.0")
+    for release in ("3.1.1", "3.1.0", "3.0.0"):
+        assert "paddle.distributed.auto_parallel._utils" in paddleformers_cannot_run(release)
     for release in ("3.2.0", "3.2.2", "3.3.0", "3.3.1"):
         assert paddleformers_cannot_run(release) is None, release
 
@@ -149,3 +151,12 @@ def test_this_release_has_the_protobuf_it_needs():
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 1, "pp_degree": 2}
     assert strategy.hybrid_configs["pp_degree"] == 2
+
+
+def test_what_paddle_itself_cannot_do_is_named_per_line():
+    from pipesplit.passes._paddle import ONE_D_STAGE_MESHES, PADDLE_CANNOT, paddle_cannot
+
+    assert set(PADDLE_CANNOT) <= set(SUPPORTED_PADDLE_LINES)
+    assert "get_mesh_with_dim" in paddle_cannot("3.0.0", ONE_D_STAGE_MESHES)
+    for release in ("3.1.0", "3.1.1", "3.2.2", "3.3.0", "3.3.1"):
+        assert paddle_cannot(release, ONE_D_STAGE_MESHES) is None, release

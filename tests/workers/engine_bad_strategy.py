@@ -9,6 +9,7 @@ collective, or the ranks would fall out of step.
 """
 import contextlib
 import sys
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -79,13 +80,15 @@ CASES = {  # case -> (strategy change, example arguments, model layout)
 
 
 def _leave_the_mesh(block, home, away):
-    """``block`` computes part of its output on another stage's mesh, inside itself."""
+    """``block`` computes part of its output on another stage's mesh, inside itself.  (A bound
+    method: Paddle 3.0.0's dy2static reads ``forward.__func__`` of a layer it converts, an
+    ``AttributeError`` for a plain function set on the instance; later releases take either.)"""
     forward = block.forward
 
-    def forward_partly_elsewhere(x):
+    def forward_partly_elsewhere(self, x):
         y = dist.reshard(forward(x), away, [dist.Replicate()]) * 1.0
         return dist.reshard(y, home, [dist.Replicate()])
-    block.forward = forward_partly_elsewhere
+    block.forward = types.MethodType(forward_partly_elsewhere, block)
 
 
 def run_case(change, argv, layout) -> str:

@@ -20,7 +20,9 @@ get_mesh(1)], shard_dims="dp")`` (the labels on stage 1's mesh, whatever the pp)
 ``cpu_support.enable()``); seeded random tokens instead of the test's all-zero data (which would
 make any comparison vacuous); the mesh keeps its size-1 dims (the test's ``init_dist_env`` drops
 them, which leaves 1-D stage meshes the model's two-entry placements cannot take on Paddle 3.3);
-``config.context_parallel_degree = 1`` (the model reads it, the test's ``Config`` lacks it).
+``config.context_parallel_degree = 1`` (the model reads it, the test's ``Config`` lacks it), and
+on Paddle 3.0.0, which has no ring attention module, that module's one name the model imports
+(see :func:`_without_context_parallel`).
 ``reference`` is the same model and data in one process, dygraph, the gradients of a step's
 micro-batches averaged and clipped (unsplit training's semantics, pipesplit's).
 """
@@ -47,8 +49,31 @@ def tokens(seq_len, vocab, samples):
     return data[:, :-1], data[:, 1:]
 
 
+def _without_context_parallel():
+    """The model imports ``shard_seq_load_balance`` from Paddle's ring attention (context
+    parallelism, which it calls only at ``context_parallel_degree > 1``; the worker sets 1).
+    Paddle 3.0.0 has no ``paddle.distributed.auto_parallel.ring_attention``: there the module
+    is given with that one name, which raises if it is ever called."""
+    import importlib.util
+    import types
+
+    name = "paddle.distributed.auto_parallel.ring_attention"
+    if importlib.util.find_spec(name) is not None:
+        return
+    import paddle
+
+    def shard_seq_load_balance(*args, **kwargs):
+        raise NotImplementedError(f"context parallelism: Paddle {paddle.__version__} has no "
+                                  f"{name}")
+
+    module = types.ModuleType(name)
+    module.shard_seq_load_balance = shard_seq_load_balance
+    sys.modules[name] = module
+
+
 def _load_test(dp, mp, pp):
     os.environ.update(dp=str(dp), mp=str(mp), pp=str(pp), acc_step=str(ACC))
+    _without_context_parallel()
     sys.path.insert(0, str(VENDOR))
     import semi_auto_llama_vpp as test_module  # noqa: E402 (vendor/, unchanged)
 

@@ -89,9 +89,16 @@ def _paddle_attrs(attrs: dict) -> dict:
 
 
 def _prepare_for_paddle(main):
+    """``main`` completed, its optimizer ops without a chunk, as Paddle's engine hands its VPP
+    pass a program (Paddle 3.0.0's VPP split stops with ``KeyError: 'optimizer0'`` on an
+    optimizer op that carries chunk c > 0; later releases ignore the chunk of one)."""
     from pipesplit.ir_utils import complete_program
+    from pipesplit.ir_utils.roles import ROLE_OPTIMIZE
     prog = main.clone()
     complete_program(prog)
+    for op in prog.global_block().ops:
+        if op.op_role == ROLE_OPTIMIZE and op.has_attr("chunk_id"):
+            op.set_int_attr("chunk_id", -1)
     return prog
 
 
