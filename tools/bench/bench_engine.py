@@ -102,7 +102,8 @@ PADDLE_SCHEDULES = ("FThenB", "1F1B")
 #: -m's default: m = 4 (where 1F1B's bubble leaves room for the fastest-schedule goal) beside 8;
 #: --quick one small m
 DEFAULT_M = {False: "4,8", True: "4"}
-#: the launch's time limit on top of --budget-s (what the samples asked take beyond it)
+#: the launch's time limit on top of --budget-s (the builds, warm-up and memory steps, and the
+#: fewest samples an interval needs, are taken whatever the budget)
 LAUNCH_TIMEOUT_S = 1200
 #: --budget-s's default: the workers' seconds from their start (engines built, samples asked,
 #: rounds), 19 minutes: a default run ends within 20 on 2 cores, the launch and report included
@@ -244,14 +245,14 @@ def time_engines(args, kits, ranks):
     the engine's state).  (runs, the rounds, the sampling record)"""
     started = time.monotonic()
     runs = build_engines(args, kits, ranks)
-    cpu = own_cpu(ranks.rank)
-    index, rounds, record = 1, [], {"resolved_at": {}}
-    for first, count, kind in ((index, args.warmup - 1, {"timed": False}),
-                               (None, MEMORY_STEPS, {"timed": False, "memory_cpu": cpu}),
-                               (None, args.steps, {"timed": True}),
-                               (None, args.profiled_steps, {"timed": False, "profiled": True})):
-        step_all(runs, range(index, index + count), **kind)
-        index += count
+    rounds, record = [], {"resolved_at": {}}
+    step_all(runs, range(1, args.warmup), timed=False)
+    step_all(runs, range(args.warmup, args.warmup + MEMORY_STEPS), timed=False,
+             memory_cpu=own_cpu(ranks.rank))
+    index = args.warmup + MEMORY_STEPS
+    for count, kind in ((args.steps, {"timed": True}),
+                        (args.profiled_steps, {"timed": False, "profiled": True})):
+        index = asked_steps(args, runs, ranks, started, index, count, record, **kind)
     index = sample_rounds(args, runs, ranks, started, index, rounds, record)
     for repeat in range(args.pass_repeats):
         for run in rotated(runs, repeat):
@@ -259,6 +260,21 @@ def time_engines(args, kits, ranks):
     pass_rounds(args, runs, ranks, started, rounds, record)
     record["sampling_s"] = round(time.monotonic() - started, 1)
     return runs, rounds, record
+
+
+def asked_steps(args, runs, ranks, started, index: int, count: int, record, **kind) -> int:
+    """Up to ``count`` steps of every engine (paired), fewer when the budget is spent first
+    (never fewer than an interval's 2; ``record["cut"]`` notes it); the next step index."""
+    for taken in range(count):
+        elapsed = max(ranks.all_gather(time.monotonic() - started))
+        if taken >= 2 and args.budget_s > 0 and elapsed >= args.budget_s:
+            record.setdefault("cut", []).append(f"{taken} of {count} "
+                                                f"{'profiled' if kind.get('profiled') else 'timed'}"
+                                                " steps asked (budget spent)")
+            break
+        step_all(runs, range(index, index + 1), **kind)
+        index += 1
+    return index
 
 
 def own_cpu(rank: int) -> int:

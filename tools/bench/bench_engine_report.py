@@ -376,9 +376,10 @@ def sampling_line(report: dict) -> str:
     left = [g for g in report.get("goals", []) if g["verdict"] == "unresolved"]
     stop = ("every goal resolved" if not left else
             f"budget of {report['budget_s']:g} s spent with {len(left)} goal(s) unresolved")
+    cut = "; ".join(report.get("cut", []))
     return (f"sampling: {len(rounds)} round(s) for unresolved goals, {min(counts)}-"
             f"{max(counts)} timed steps per engine, {report.get('sampling_s', 0):.0f} s in the "
-            f"workers; stopped: {stop}")
+            f"workers" + (f" (cut short: {cut})" if cut else "") + f"; stopped: {stop}")
 
 
 def rows_table(rows: List[dict]) -> List[str]:
