@@ -20,7 +20,7 @@ import statistics
 import sys
 import threading
 import time
-from typing import Callable, List, Sequence, Tuple, TypeVar
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import paddle
 from paddle.base import core
@@ -132,10 +132,13 @@ def serial_executor(enabled: bool = True):
         paddle.set_flags(old)
 
 
-def run_behind_gc(fn: Callable[[], T]) -> T:
+def run_behind_gc(fn: Callable[[], T], cpu: Optional[int] = None) -> T:
     """``fn()`` with every thread of the process on one CPU and the executor's garbage-collector
     thread ahead of the caller, so that it runs as soon as it has tensors to free, before the
-    step allocates anything more.
+    step allocates anything more.  ``cpu``: that CPU (default the lowest the caller may use);
+    processes measured side by side (the ranks of a launch) each need one of their own, or one
+    process's real-time threads keep the other's GC thread waiting (a rank's peak then read up
+    to twice its program's).
 
     On CPU, Paddle's executor frees dead tensors on that thread, asynchronously; it can fall
     several ops behind, the more the busier the machine, and every tensor it has not freed yet
@@ -155,7 +158,7 @@ def run_behind_gc(fn: Callable[[], T]) -> T:
     thread.)"""
     if not sys.platform.startswith("linux"):
         return fn()
-    with _on_one_cpu():
+    with _on_one_cpu(cpu):
         if gc_priority() == "realtime":
             with _other_threads_realtime():
                 return fn()
@@ -217,17 +220,23 @@ def _on_idle_thread(fn: Callable[[], T]) -> T:
 
 
 @contextlib.contextmanager
-def _on_one_cpu():
-    """Every thread of the process on one CPU for the block (the old affinities restored after
-    it): the GC thread cannot run beside the measuring thread, only instead of it."""
+def _on_one_cpu(cpu: Optional[int] = None):
+    """Every thread of the process on CPU ``cpu`` (default the caller's lowest) for the block
+    (the old affinities restored after it): the GC thread cannot run beside the measuring
+    thread, only instead of it."""
     caller = os.sched_getaffinity(0)
+    if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int)):
+        raise TypeError(f"cpu must be an int (a CPU number) or None, got {cpu!r}")
+    if cpu is not None and cpu not in caller:
+        raise ValueError(f"cpu must be one of the CPUs this process may use {sorted(caller)}, "
+                         f"got {cpu}")
     tasks = {}
     for tid in _threads():
         try:
             tasks[tid] = os.sched_getaffinity(tid)
         except ProcessLookupError:  # the thread ended between listing and asking
             pass
-    cpu = min(caller)
+    cpu = min(caller) if cpu is None else cpu
     try:
         for tid in tasks:
             _set_affinity(tid, {cpu})

@@ -7,15 +7,27 @@ turn at rank pp-1) need nothing.
 The order must be deadlock-free even under *rendezvous* semantics (a send blocks until the peer
 posts the matching recv, as with blocking gloo p2p).  So all ranks are merged into one global
 order of the compute jobs (a topological order that follows the simulated start times, ties by
-rank then position), and each send / recv pair is one atomic event placed at the simulated end
-of the job that produces the data (before compute jobs starting at that same time).  Every
-rank's list is then a subsequence of one sequential execution, so running it can never block.
+rank then position), and each send / recv pair is one atomic event placed at a simulated time
+(before compute jobs starting at that same time).  Every rank's list is then a subsequence of
+one sequential execution, so running it can never block.
 
-Why at the producer's end rather than just before the consumer: with blocking pairs, a send
-placed late sits behind the producer's next jobs and the consumer waits for all of them; placed
-early, at worst the producer waits for the consumer's current job.  Timing the lowered lists
-with rendezvous pairs over the classic schedules (pp 2-8, vpp 1-4, comm 0 and 0.3) gave 1.18x
-the simulated makespan at the producer's end against 1.42x just before the consumer.
+When a pair is due: at the producer's end, or *later where both ranks have slack* -- up to the
+consumer's start and the producer rank's next compute start, whichever comes first
+(:func:`_pair_time`).  Waiting there delays no simulated job, and the receiver allocates the
+buffer after the compute jobs it runs meanwhile instead of holding it through them: at pp 2,
+1F1B's last stage received micro-batch 1's input before its first backward, one activation more
+at its peak than Paddle's own 1F1B, which receives after it (issue 58).  The sender holds its
+buffer no longer while computing: it runs nothing between the producer and the pair.
+
+Why not just before the consumer: with blocking pairs, a send placed late sits behind the
+producer's next jobs and the consumer waits for all of them; placed early, at worst the producer
+waits for the consumer's current job.  Timing the lowered lists with rendezvous pairs over the
+classic schedules (pp 2-8, vpp 1-4, comm 0 and 0.3) gave 1.18x the simulated makespan at the
+producer's end against 1.42x just before the consumer.  The slack rule keeps every rendezvous
+makespan of those schedules at comm 0; with comm > 0 a deferred pair no longer overlaps the
+receiver's job (of 918 configurations with comm 0.1-0.5: 78 slower, by up to 3.5 %, 56 faster),
+so under rendezvous costs the lowering at the producer's end is a candidate too
+(:func:`lower_with_order`).
 
 ``chunk`` of a comm job is the chunk *on its own rank* the data belongs to: send_forward(c) ships
 chunk c's output, recv_forward(c) brings chunk c's input, send_backward(c) ships chunk c's input
@@ -58,18 +70,22 @@ def peer_of(schedule: Schedule, rank: int, job: Job) -> int:
 
 
 def lower_comm(schedule: Schedule, costs: Optional[Costs] = None, *,
-               timing: Optional[SimResult] = None) -> Schedule:
+               timing: Optional[SimResult] = None, defer: Optional[bool] = None) -> Schedule:
     """A lowered copy of ``schedule`` with send / recv jobs for every cross-rank dependency.
 
     ``costs`` only steer where the pairs go (through the times the latency model simulates,
-    whatever ``costs.comm_mode``); any costs give a deadlock-free result.  ``timing``, a ``simulate(schedule, costs)`` result the caller already
-    has, saves simulating again.  A lowered input is re-lowered from its compute jobs.
+    whatever ``costs.comm_mode``); any costs give a deadlock-free result.  ``timing``, a
+    ``simulate(schedule, costs)`` result the caller already has, saves simulating again.
+    ``defer``: pairs due in both ranks' slack after their producer (True) or at its end
+    (False); None: deferred, or under rendezvous costs whichever is faster
+    (:func:`lower_with_order`).  A lowered input is re-lowered from its compute jobs.
     """
-    return lower_with_order(schedule, costs, timing=timing)[0]
+    return lower_with_order(schedule, costs, timing=timing, defer=defer)[0]
 
 
 def lower_with_order(schedule: Schedule, costs: Optional[Costs] = None, *,
-                     timing: Optional[SimResult] = None) -> Tuple[Schedule, List[RankJob]]:
+                     timing: Optional[SimResult] = None, defer: Optional[bool] = None
+                     ) -> Tuple[Schedule, List[RankJob]]:
     """:func:`lower_comm` and, from the same lowering, :func:`global_order`'s sequence (a plan
     opening needs both; neither is worked out twice).
 
@@ -78,13 +94,23 @@ def lower_with_order(schedule: Schedule, costs: Optional[Costs] = None, *,
     with blocking pairs, and the faster is kept: measured times with extremes (a first stage's
     input gradient of 0.01 ms beside its 67 ms W) steer a send behind a compute job its peer
     waits for, and the same compute order ran 4 % slower in the rendezvous model (542.6
-    against 520.4 ms, ZBH1's order at pp 2, m = 4, with the costs ``auto`` measured)."""
-    ranks, sequence = _lower(schedule, costs, timing)
+    against 520.4 ms, ZBH1's order at pp 2, m = 4, with the costs ``auto`` measured).  Unless
+    ``defer`` says which, each steering is lowered twice, pairs deferred into the slack and at
+    the producer's end (:func:`_pair_time`), and the fastest of the four is kept, the deferred
+    one on a tie (it holds fewer received buffers)."""
+    if defer is not None and not isinstance(defer, bool):
+        raise TypeError(f"defer must be None or a bool, got {defer!r}")
+    ways = [(steering, deferred) for steering in (costs, EQUAL_STEERING)
+            for deferred in (True, False) if defer is None or deferred == defer]
+    ranks, sequence = _lower(schedule, costs, timing, ways[0][1])
     if costs is not None and costs.rendezvous:
-        other_ranks, other_sequence = _lower(schedule, EQUAL_STEERING, None)
-        if (_rendezvous_span(schedule, other_ranks, costs)
-                < _rendezvous_span(schedule, ranks, costs)):
-            ranks, sequence = other_ranks, other_sequence
+        best = _rendezvous_span(schedule, ranks, costs)
+        for steering, deferred in ways[1:]:
+            other_ranks, other_sequence = _lower(schedule, steering,
+                                                 timing if steering is costs else None, deferred)
+            span = _rendezvous_span(schedule, other_ranks, costs)
+            if span < best:
+                best, ranks, sequence = span, other_ranks, other_sequence
     return schedule.with_ranks(ranks, lowered=True), sequence
 
 
@@ -118,9 +144,10 @@ def global_order(schedule: Schedule, costs: Optional[Costs] = None) -> List[Rank
 
 # --------------------------------------------------------------------------- pieces
 
-def _lower(schedule: Schedule, costs: Optional[Costs],
-           timing: Optional[SimResult] = None) -> Tuple[List[List[Job]], List[RankJob]]:
-    """(per-rank lowered lists, merged global sequence)."""
+def _lower(schedule: Schedule, costs: Optional[Costs], timing: Optional[SimResult] = None,
+           defer: bool = True) -> Tuple[List[List[Job]], List[RankJob]]:
+    """(per-rank lowered lists, merged global sequence); ``defer``: pairs due in the slack
+    after their producer (:func:`_pair_time`), else at its end."""
     compute = schedule.with_ranks([[j for j in jobs if j.is_compute] for jobs in schedule.ranks],
                                   lowered=False)
     graph = DependencyGraph(compute)
@@ -133,7 +160,7 @@ def _lower(schedule: Schedule, costs: Optional[Costs],
     for row in timing.timeline:
         for t in row:
             starts[t.rank][t.index], ends[t.rank][t.index] = t.start, t.end
-    events = _comm_pairs(compute, graph, ends)
+    events = _comm_pairs(compute, graph, starts if defer else None, ends)
     # Per position (rank, index): its comm pairs not yet emitted, and the ids of the pairs it feeds.
     pending = [[0] * len(jobs) for jobs in compute.ranks]
     by_producer: List[List[Optional[List[int]]]] = [[None] * len(jobs) for jobs in compute.ranks]
@@ -209,12 +236,13 @@ def _job_maker():
     return make
 
 
-def _comm_pairs(compute: Schedule, graph: DependencyGraph,
+def _comm_pairs(compute: Schedule, graph: DependencyGraph, starts: Optional[List[List[float]]],
                 ends: List[List[float]]) -> List[Tuple[tuple, Position, Position]]:
     """One (heap key, producer, consumer) per cross-rank dependency, as (rank, index) positions.
 
-    The key is the producer's simulated end: the pair is due as soon as the data exists, and
-    goes before compute jobs starting at that same time (0 < 1 in the key's second field).
+    The key is the latest time the pair delays no simulated job (:func:`_pair_time`; without
+    ``starts``, the producer's end), and the pair goes before compute jobs starting at that
+    same time (0 < 1 in the key's second field).
     The producer is the last job with the dependency's key (there is one unless the schedule
     repeats a job).
     """
@@ -228,9 +256,24 @@ def _comm_pairs(compute: Schedule, graph: DependencyGraph,
             for dep, dep_rank in deps:
                 if dep >= 0 and dep_rank != rank:
                     producer = where[dep]
-                    key = (ends[producer[0]][producer[1]], 0, rank, index, len(events))
+                    due = (ends[producer[0]][producer[1]] if starts is None else
+                           _pair_time(compute, starts, ends, producer, (rank, index)))
+                    key = (due, 0, rank, index, len(events))
                     events.append((key, producer, (rank, index)))
     return events
+
+
+def _pair_time(compute: Schedule, starts: List[List[float]], ends: List[List[float]],
+               producer: Position, consumer: Position) -> float:
+    """When a pair is due: the producer's end, or later where both ranks have slack then -- up
+    to the consumer's start and the producer rank's next compute start, whichever is first
+    (the module doc says why)."""
+    (p_rank, p_index), (c_rank, c_index) = producer, consumer
+    due = ends[p_rank][p_index]
+    latest = starts[c_rank][c_index]
+    if p_index + 1 < len(compute.ranks[p_rank]):
+        latest = min(latest, starts[p_rank][p_index + 1])
+    return max(due, latest)
 
 
 def _replay(schedule: Schedule) -> List[RankJob]:

@@ -3,8 +3,9 @@
 Timing is the benchmark's business, not a test's: this checks what does not depend on the
 machine's load -- the rows' fields, both impls of 1F1B, positive times and memory, that
 pipesplit's runs trained as Paddle's own 1F1B did (the losses), and that every goal carries a
-verdict with its interval (which verdict is the machine's business too).  A short budget lets
-the rounds of further steps run when a goal is unresolved after the 2 steps asked.
+verdict with its interval (which verdict is the machine's business too), and the sampling record:
+a budget of a minute lets rounds of further samples run for the engines of the goals still
+unresolved after the 2 steps asked, if the engines' builds leave time for any.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import sys
 import pytest
 from _paths import REPO as _REPO
 
-from pipesplit.tools.bench.bench_engine_report import budget_goal, goals, pass_goal
+from pipesplit.tools.bench.bench_engine import MEMORY_STEPS
+from pipesplit.tools.bench.bench_engine_report import budget_goal, goals, pass_goal, peaks_goal
 
 REPO = str(_REPO)
 TOOL = os.path.join(REPO, "tools", "bench", "bench_engine.py")
@@ -24,7 +26,7 @@ WARMUP = 3
 PROFILED = 2
 PASS_REPEATS = 3
 ARGS = ["--quick", "--steps", "2", "--warmup", str(WARMUP), "--schedules",
-        "FThenB,1F1B,ZBH1,ZBV,auto,auto-budget", "--budget-s", "8", "--profiled-steps",
+        "FThenB,1F1B,ZBH1,ZBV,auto,auto-budget", "--budget-s", "60", "--profiled-steps",
         str(PROFILED), "--pass-repeats", str(PASS_REPEATS)]
 FIELDS = ("schedule", "impl", "step_ms", "step_ms_spread", "peak_bytes", "pass_ms",
           "max_loss_diff")
@@ -34,8 +36,8 @@ TIMEOUT_S = 300
 VERDICTS = ("met", "missed", "unresolved")
 #: the goals of --quick's one m (4) with both impls, ZBH1 (the split goal per stage), auto and
 #: auto under a budget; "fastest" and "budget" are m = 4's, "vpp" m = 8's
-GOAL_NAMES = {"1f1b", "fthenb", "fastest", "best", "auto", "budget", "split_stage0",
-              "split_stage1", "pass"}
+GOAL_NAMES = {"1f1b", "fthenb", "fastest", "bubble", "best", "auto", "budget", "split_stage0",
+              "split_stage1", "peaks", "pass"}
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +63,37 @@ def test_rows_carry_the_fields(run):
     for r in rows:
         assert all(key in r for key in FIELDS), sorted(set(FIELDS) - set(r))
         assert r["step_ms"] > 0 and r["step_ms_spread"] >= 0 and r["pass_ms"] > 0
-        # the pass again on clones of the engine's programs, after the last step
-        assert len(r["pass_ms_all"]) == PASS_REPEATS and all(t > 0 for t in r["pass_ms_all"])
+        # the pass again on clones of the engine's programs, after the last step, and in
+        # rounds while the pass goal is unresolved
+        assert len(r["pass_ms_all"]) == PASS_REPEATS + _more(report, r, "pass")
+        assert all(t > 0 for t in r["pass_ms_all"])
         assert r["m"] == 4 and report["m"] == [4]
-        # the steps asked, then the rounds (paired: every engine stepped alike)
-        assert len(r["step_ms_all"]) == report["timed_steps"] == 2 + sum(report["rounds"])
+        # the steps asked, then the rounds' (only the engines an unresolved goal reads)
+        assert len(r["step_ms_all"]) == len(r["step_ids"]) == 2 + _more(report, r, "timed")
+        assert len(r["job_ms_steps"]) == PROFILED + _more(report, r, "profiled")
         assert len(r["peak_bytes"]) == 2 and all(b > 0 for b in r["peak_bytes"])
+        assert r["exact_peak"] and len(r["exact_transients"][0]) == MEMORY_STEPS
+
+
+def _more(report, row, source):
+    """The samples of ``source`` the rounds gave ``row``'s engine."""
+    me = [row["m"], f"{row['schedule']} {row['impl']}"]
+    return sum(plan["samples"].get(source, 0) for plan in report["rounds"]
+               if me in plan["engines"].get(source, []))
+
+
+@pytest.mark.slow
+def test_sampling_says_why_it_stopped(run):
+    """Every goal resolved, or the budget spent with the goals left unresolved named; each
+    resolved interval goal knows when it first resolved."""
+    report, stdout = run
+    left = [g for g in report["goals"] if g["verdict"] == "unresolved"]
+    assert ("stopped: every goal resolved" in stdout) == (not left)
+    if left:
+        assert f"budget of 60 s spent with {len(left)} goal(s) unresolved" in stdout
+    for g in report["goals"]:
+        if g["verdict"] != "unresolved" and g["ratio_ci"] is not None and g["resolved_at"]:
+            assert f"(first resolved at {g['resolved_at']})" in stdout
 
 
 @pytest.mark.slow
@@ -75,7 +102,8 @@ def test_losses_agree_with_paddle_1f1b(run):
     for r in report["rows"]:
         assert r["loss_reference"] == "paddle 1F1B"
         assert r["max_loss_diff"] is not None and r["max_loss_diff"] <= LOSS_TOL, r
-        assert len(r["losses"]) == WARMUP + report["timed_steps"] + PROFILED  # + the profiled
+        # the steps every engine took: warm-up, memory, timed and profiled steps asked
+        assert len(r["losses"]) == WARMUP + MEMORY_STEPS + 2 + PROFILED
 
 
 @pytest.mark.slow
@@ -97,7 +125,7 @@ def test_each_schedule_shows_its_own_job_times(run):
     report, stdout = run
     for r in report["rows"]:
         assert len(r["job_ms"]) == 2 and r["profiled_step_ms"] > 0
-        assert len(r["job_ms_steps"]) == PROFILED and all(len(s) == 2 for s in r["job_ms_steps"])
+        assert all(len(s) == 2 for s in r["job_ms_steps"])
         kinds = set().union(*(s["total"] for s in r["job_ms"]))
         assert "forward" in kinds and ("optimizer" in kinds or "optimize" in kinds), kinds
         if r["impl"] == "pipesplit":
@@ -117,12 +145,14 @@ def test_goals_carry_verdicts_and_intervals(run):
         assert g["verdict"] in VERDICTS and g["bound"] > 0, g
         assert (g["steps_to_resolve"] is None) == (g["verdict"] != "unresolved"), g
         assert f"{g['verdict'].upper():<10}  m=4 {g['name']}: {g['text']}" in stdout
-        if g["ratio_ci"] is None:  # no pipesplit row fits the peak
-            assert g["name"] == "best", g
+        if g["ratio_ci"] is None:  # exact bytes (peaks), or no pipesplit row fits (best)
+            assert g["name"] in ("best", "peaks"), g
             continue
         low, high = g["ratio_ci"]
-        samples = PROFILED if g["name"].startswith("split") else \
-            PASS_REPEATS if g["name"] == "pass" else report["timed_steps"]
+        num, den = (rows[tuple(g[side].split())] for side in ("numerator", "denominator"))
+        samples = len(num["job_ms_steps"]) if g["name"].startswith("split") else \
+            len(num["pass_ms_all"]) if g["name"] == "pass" else \
+            len(set(num["step_ids"]) & set(den["step_ids"]))
         assert low <= g["ratio"] <= high and g["steps"] == samples, g
         schedule, impl = g["numerator"].split()
         assert rows[(schedule, impl)]["ratio_ci"][g["name"]] == g["ratio_ci"]
@@ -130,6 +160,9 @@ def test_goals_carry_verdicts_and_intervals(run):
     assert named["1f1b"]["numerator"] == "1F1B pipesplit" and named["1f1b"]["bound"] == 1.03
     assert named["auto"]["numerator"] == "auto pipesplit" and named["auto"]["bound"] == 1.03
     assert named["fastest"]["bound"] == 0.88 and named["fthenb"]["bound"] == 1.02
+    assert named["bubble"]["denominator"] == "1F1B paddle"
+    assert named["bubble"]["bound"] == pytest.approx(1.03 * 4 / 5, abs=1e-4)
+    assert named["peaks"]["verdict"] == "met", named["peaks"]  # issue 58, exact bytes
     assert named["budget"]["numerator"] == "auto-budget pipesplit"
     assert named["budget"]["denominator"] == "1F1B paddle" and named["budget"]["bound"] == 0.95
     assert named["pass"]["numerator"] in ("FThenB pipesplit", "1F1B pipesplit")
@@ -213,3 +246,28 @@ def test_the_pass_goal_needs_every_schedule():
                        row("FThenB", "paddle", quick))])
     assert goal["verdict"] == "missed" and goal["numerator"] == "FThenB pipesplit"
     assert goal["ratio"] == pytest.approx(1.5)
+
+
+def test_the_peaks_goal_compares_exact_bytes_per_rank():
+    """Issue 58: met when pipesplit's peak is at most Paddle's on every rank of every schedule
+    both serve, to the byte; missed (naming the schedule) otherwise."""
+    def row(name, impl, peaks):
+        return {"schedule": name, "impl": impl, "peak_bytes": peaks, "exact_peak": True}
+
+    ours, theirs = row("1F1B", "pipesplit", [100, 200]), row("1F1B", "paddle", [100, 201])
+    goal = peaks_goal([("1F1B", ours, theirs)])
+    assert goal["verdict"] == "met" and "100/200 vs 100/201" in goal["text"]
+    goal = peaks_goal([("1F1B", ours, theirs),
+                       ("FThenB", row("FThenB", "pipesplit", [301, 5]),
+                        row("FThenB", "paddle", [300, 9]))])
+    assert goal["verdict"] == "missed" and goal["text"].endswith(": above on FThenB")
+
+
+def test_a_goal_pairs_the_steps_two_engines_took_together():
+    """Rounds step only the engines an unresolved goal reads: a goal pairs its rows' steps of
+    the same index, not of the same position."""
+    from pipesplit.tools.bench.bench_engine_report import paired_times
+
+    a = {"step_ms_all": [10.0, 11.0, 12.0, 13.0], "step_ids": [3, 4, 9, 10]}
+    b = {"step_ms_all": [20.0, 21.0, 22.0], "step_ids": [3, 4, 10]}
+    assert paired_times(a, b) == ([10.0, 11.0, 13.0], [20.0, 21.0, 22.0])

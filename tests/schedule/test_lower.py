@@ -7,7 +7,7 @@ from pipesplit.job_list.deps import DependencyGraph, job_key
 from pipesplit.job_list.ir import (BACKWARD, FORWARD, RECV_BACKWARD, RECV_FORWARD, SEND_BACKWARD,
                                    SEND_FORWARD, Job, Schedule)
 from pipesplit.job_list.placement import V_SHAPE, Placement
-from pipesplit.job_list.simulate import Costs
+from pipesplit.job_list.simulate import Costs, simulate
 from pipesplit.job_list.validate import ScheduleError, validate
 
 SAMPLES = [("1F1B", 4, 1, 8, False), ("VPP", 4, 2, 8, True), ("VPP", 4, 4, 5, False),
@@ -138,20 +138,31 @@ def test_both_ranks_sending_first_is_rejected():
 
 
 def test_lowered_output_of_a_bad_swap_is_rejected():
-    # Same defect made from lower_comm's own output: on rank 1 move a send in front of the recv
-    # its peer is blocked on (rank 0 sends first at that point).
+    # Same defect made from lower_comm's own output: on rank 1 swap the two transfers of the
+    # steady state (receive micro-batch 1's input, send micro-batch 0's gradient), so that both
+    # ranks send first, or both receive first, at that point.
     lowered = lower_comm(build_schedule("1F1B", 2, 1, 2))
-    rank1 = lowered.ranks[1]
+    rank1 = list(lowered.ranks[1])
     recv = rank1.index(Job(RECV_FORWARD, 0, 1))
     send = rank1.index(Job(SEND_BACKWARD, 0, 0))
-    rank0 = lowered.ranks[0]
-    assert rank0.index(Job(SEND_FORWARD, 0, 1)) < rank0.index(Job(RECV_BACKWARD, 0, 0))
-    if recv < send:  # make rank 1 send first too
-        rank1 = list(rank1)
-        rank1.insert(recv, rank1.pop(send))
-    bad = lowered.with_ranks([rank0, rank1])
+    rank1[recv], rank1[send] = rank1[send], rank1[recv]
+    bad = lowered.with_ranks([lowered.ranks[0], rank1])
     with pytest.raises(ScheduleError, match="deadlock"):
         validate(bad)
+
+
+def test_the_last_stage_receives_after_its_backward():
+    # issue 58: 1F1B at pp 2 receives micro-batch 1's input after backward 0 (as Paddle's own
+    # 1F1B does), not before it: the pair waits in both ranks' slack (rank 0 has nothing to run
+    # until backward 0's gradient comes back), and the last stage holds one input fewer at its
+    # backward's peak
+    lowered = lower_comm(build_schedule("1F1B", 2, 1, 4))
+    rank1 = [str(j) for j in lowered.ranks[1]]
+    assert rank1[:6] == ["recv_forward0[mb0]", "forward0[mb0]", "backward0[mb0]",
+                         "send_backward0[mb0]", "recv_forward0[mb1]", "forward0[mb1]"]
+    # every rank's compute order is the schedule's, and no rank waits longer (latency model)
+    assert simulate(lowered, Costs()).makespan == simulate(build_schedule("1F1B", 2, 1, 4),
+                                                           Costs()).makespan
 
 
 def test_peer_of():
@@ -164,3 +175,11 @@ def test_peer_of():
         peer_of(schedule, 0, Job(FORWARD, 0, 0))
     with pytest.raises(ValueError, match="no peer"):
         peer_of(schedule, 0, Job(SEND_BACKWARD, 0, 0))  # stage 0 has no previous stage
+
+
+def test_defer_must_be_a_bool_or_none():
+    with pytest.raises(TypeError, match="defer must be None or a bool"):
+        lower_comm(build_schedule("1F1B", 2, 1, 2), defer="yes")
+    eager = lower_comm(build_schedule("1F1B", 2, 1, 2), defer=False)
+    assert [str(j) for j in eager.ranks[1][:4]] == ["recv_forward0[mb0]", "forward0[mb0]",
+                                                    "recv_forward0[mb1]", "backward0[mb0]"]

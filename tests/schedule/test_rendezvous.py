@@ -30,12 +30,15 @@ def test_one_micro_batch_costs_what_the_latency_model_says():
 
 
 def test_two_micro_batches_wait_for_the_blocked_transfers():
-    # lower_comm puts each pair at its producer's end (latency times): rank 0 runs
-    # F0 sF0 F1 sF1 rB0 B0 rB1 B1, rank 1 rF0 F0 rF1 B0 sB0 F1 B1 sB1.  Rendezvous:
+    # lower_comm puts each pair where both ranks have slack (latency times): F1's pair waits
+    # until rank 1's B0 is done, when rank 0 has nothing left to run before B0 (issue 58: the
+    # last stage holds one input fewer in its backward).  Rank 0 runs F0 sF0 F1 rB0 sF1 B0 rB1
+    # B1, rank 1 rF0 F0 B0 sB0 rF1 F1 B1 sB1.  Rendezvous:
     #   rank 0 F0 [0, 1]; pair F0 [1, 1.5]; rank 0 F1 [1.5, 2.5] (the pair kept rank 0 busy),
-    #   rank 1 F0 [1.5, 2.5]; pair F1 [2.5, 3] (both ranks reach it at 2.5);
-    #   rank 1 B0 [3, 5]; pair B0 [5, 5.5]; rank 0 B0 [5.5, 7.5], rank 1 F1 [5.5, 6.5],
-    #   B1 [6.5, 8.5]; pair B1 [8.5, 9]; rank 0 B1 [9, 11]  ->  11 (latency model: 10).
+    #   rank 1 F0 [1.5, 2.5], B0 [2.5, 4.5]; pair B0 [4.5, 5]; pair F1 [5, 5.5];
+    #   rank 0 B0 [5.5, 7.5], rank 1 F1 [5.5, 6.5], B1 [6.5, 8.5]; pair B1 [8.5, 9];
+    #   rank 0 B1 [9, 11]  ->  11 (latency model: 10), as with each pair at its producer's end
+    #   (F1's pair [2.5, 3] before rank 1's B0 [3, 5]).
     schedule = build_schedule("1F1B", 2, 1, 2)
     assert simulate(schedule, LATENCY).makespan == 10.0
     result = simulate(schedule, RENDEZVOUS)
@@ -43,8 +46,10 @@ def test_two_micro_batches_wait_for_the_blocked_transfers():
     assert spans(result) == [
         [("forward0[mb0]", 0.0, 1.0), ("forward0[mb1]", 1.5, 2.5),
          ("backward0[mb0]", 5.5, 7.5), ("backward0[mb1]", 9.0, 11.0)],
-        [("forward0[mb0]", 1.5, 2.5), ("backward0[mb0]", 3.0, 5.0),
+        [("forward0[mb0]", 1.5, 2.5), ("backward0[mb0]", 2.5, 4.5),
          ("forward0[mb1]", 5.5, 6.5), ("backward0[mb1]", 6.5, 8.5)]]
+    eager = simulate(lower_comm(schedule, LATENCY, defer=False), RENDEZVOUS)
+    assert eager.makespan == 11.0 and spans(eager)[1][1] == ("backward0[mb0]", 3.0, 5.0)
 
 
 def test_a_late_send_blocks_its_sender_until_the_receiver_comes():
@@ -76,14 +81,15 @@ def test_rendezvous_runs_the_plan_builders_lowering(name):
     costs = Costs(1.0, None, 1.5, 0.5, comm=0.25, comm_mode="rendezvous")
     result = simulate(schedule, costs)
     latency = simulate(schedule, costs.as_latency())
-    # under blocking pairs the lowering is the faster of the costs' own steering and equal
-    # times' (the latency model's lowering, or EQUAL_STEERING's), and a lowered input is
-    # simulated as given
+    # under blocking pairs the lowering is the fastest of the costs' own steering and equal
+    # times', each with the pairs deferred into the slack or at their producer's end (the
+    # latency model's lowerings, or EQUAL_STEERING's), and a lowered input is simulated as given
     chosen = lower_comm(schedule, costs).ranks
-    own, equal = (lower_comm(schedule, c) for c in (costs.as_latency(), EQUAL_STEERING))
-    assert chosen in (own.ranks, equal.ranks)
+    ways = [lower_comm(schedule, c, defer=d) for c in (costs.as_latency(), EQUAL_STEERING)
+            for d in (True, False)]
+    assert chosen in [way.ranks for way in ways]
     assert simulate(lower_comm(schedule, costs), costs).makespan == result.makespan
-    assert result.makespan <= min(simulate(x, costs).makespan for x in (own, equal))
+    assert result.makespan <= min(simulate(x, costs).makespan for x in ways)
     # the timeline indexes the compute-only input's lists, every compute job once
     for rank, row in enumerate(result.timeline):
         assert [t.job for t in row] == schedule.ranks[rank]

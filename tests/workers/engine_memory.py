@@ -11,8 +11,15 @@ writes ``OUT_DIR/rank<r>.json``; ``tests/multiprocess/test_memory.py`` checks it
   smallest is the program's own peak, the figure the model prices);
 * **budgets**: ``auto`` with ``use_memory_budget`` at three budgets set from those peaks (the
   same on both processes): between 1F1B's and ZBH2's, above ZBH2's, and below 1F1B's; each
-  records its re-plan (or its refusal) and the peaks of the steps after it.
+  records its re-plan (or its refusal) and the peaks of the steps after it;
+* **against Paddle** (issue 58): Paddle's own FThenB and 1F1B passes beside pipesplit's, at
+  each m of :data:`PADDLE_MS`, each engine's peak exact to the byte: resident (what it holds
+  from before its build to after its first step) + the smallest step peak above the step's
+  start, every step run behind the executor's GC thread on this rank's own CPU
+  (:func:`~pipesplit.ir_utils.measure.run_behind_gc`), Python's cyclic collector off meanwhile
+  (an earlier engine freed midway would move the figures).
 """
+import gc
 import json
 import os
 import statistics
@@ -25,7 +32,8 @@ import paddle.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import auto_parallel_pipeline as example  # noqa: E402
 
-from pipesplit.ir_utils.measure import MemoryStats  # noqa: E402
+from pipesplit.ir_utils.measure import (MemoryStats, run_behind_gc,  # noqa: E402
+                                        serial_executor)
 from pipesplit.passes import strategy as ps_strategy  # noqa: E402
 from pipesplit.passes.engine.session import engine_state  # noqa: E402
 from pipesplit.passes.measure.memory_budget import MemoryBudgetError, rank_memory  # noqa: E402
@@ -33,17 +41,21 @@ from pipesplit.passes.measure.profile import (ops_on_this_thread,  # noqa: E402
                                               record_jobs_and_memory)
 
 SIZES = ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab", "256",
-         "--micro-batch-size", "4", "-m", "4"]
+         "--micro-batch-size", "4"]
 SCHEDULES = (("FThenB", 1), ("1F1B", 1), ("ZBH1", 1), ("ZBH2", 1), ("ZBV", 2))
 PEAK_STEPS = 5
 #: steps profiled with their allocations per schedule; the memory figures are the steps' medians
 PROFILED_STEPS = 3
+#: issue 58: the passes Paddle's engine serves on CPU, and the micro-batch counts they are
+#: compared at
+PADDLE_PASSES = ("FThenB", "1F1B")
+PADDLE_MS = (4, 8)
 MEMORY = MemoryStats()
 
 
-def build(schedule: str, vpp: int, steps: int, budget=None):
+def build(schedule: str, vpp: int, steps: int, budget=None, m: int = 4):
     args = example.parse_args(["--schedule", schedule, "--vpp", str(vpp), "--steps", str(steps),
-                               "--tag", f"{schedule}-{budget}"] + SIZES)
+                               "--tag", f"{schedule}-{budget}", "-m", str(m)] + SIZES)
     strategy = example.make_strategy(args)
     if budget is not None:
         ps_strategy.use_memory_budget(strategy, budget)
@@ -109,6 +121,47 @@ def run_budget(budget: int) -> dict:
             "memory": done.memory, "after_order": [list(j) for j in done.after.job_order]}
 
 
+def against_paddle(rank: int) -> dict:
+    """``{"<impl>/<schedule>/m<m>": {...}}``: :func:`own_peak` of Paddle's and pipesplit's
+    engines of :data:`PADDLE_PASSES` at every m of :data:`PADDLE_MS`."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[rank % len(cpus)]
+    out = {}
+    try:
+        for m in PADDLE_MS:
+            for schedule in PADDLE_PASSES:
+                for impl in ("paddle", "pipesplit"):
+                    (ps_strategy.disable_strategy if impl == "paddle"
+                     else ps_strategy.enable_strategy)()
+                    with example.new_process():
+                        out[f"{impl}/{schedule}/m{m}"] = own_peak(schedule, m, cpu)
+    finally:
+        ps_strategy.enable_strategy()
+    return out
+
+
+def own_peak(schedule: str, m: int, cpu: int) -> dict:
+    """One engine's peak bytes, as ``tools/bench/bench_engine.py`` counts them (resident +
+    the smallest step's bytes above its start), each step behind the GC thread on ``cpu``."""
+    gc.collect()
+    gc.disable()
+    try:
+        before = MEMORY.settled_current()
+        with serial_executor():
+            dist_model, batches = build(schedule, 1, 1 + PEAK_STEPS, m=m)
+            dist_model(*batches[0])
+            resident = MEMORY.settled_current() - before
+            above = []
+            for batch in batches[1:]:
+                start = MEMORY.settled_current()
+                MEMORY.reset_peak()
+                run_behind_gc(lambda: dist_model(*batch), cpu)
+                above.append(MEMORY.peak() - start)
+    finally:
+        gc.enable()
+    return {"resident": resident, "above_start": above, "peak": resident + min(above)}
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     ps_strategy.enable_strategy()
@@ -133,6 +186,7 @@ def main() -> int:
         budget = pick(example.exchange(rank, world, here + over_start, key=f"budget-{name}"))
         with example.new_process():
             record["budgets"][name] = run_budget(budget)
+    record["against_paddle"] = against_paddle(rank)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     return 0

@@ -2,7 +2,7 @@
 Paddle's own pipeline passes against pipesplit's, one model, two CPU processes.
 
     python tools/bench/bench_engine.py [--model {gpt,llama}] [--steps 10] [--warmup 3] [-m 4,8]
-        [--schedules FThenB,1F1B,...] [--budget-s 600] [--profiled-steps 6] [--quick]
+        [--schedules FThenB,1F1B,...] [--budget-s 1140] [--profiled-steps 6] [--quick]
         [--json PATH]
 
 The parent launches ``python -m paddle.distributed.launch --nproc_per_node 2`` on this file
@@ -15,7 +15,9 @@ with ``pipesplit.passes.strategy.disable_strategy()``, as the examples' ``--padd
 pipesplit's with ``enable_strategy()``; ``cpu_support`` stays on for both.  Every m of ``-m``
 (default 4 and 8) gets its own engines, all stepped together in the same processes.
 
-Measured per (schedule, impl):
+Every engine runs its ops in program order on the calling thread (Paddle's serial executor,
+both impls alike): the memory steps' bytes are then the program's own.  Measured per
+(schedule, impl):
 
 * **step ms**: after the warm-up, step k of every engine (order rotated by one per step: paired)
   before step k + 1 of any.  Both ranks first meet in a barrier of the launcher's gloo group
@@ -23,11 +25,12 @@ Measured per (schedule, impl):
   end minus the first rank's start of ``dist_model(x, y)`` (``time.monotonic``, system-wide);
   median and interquartile range.  Every step's time is kept (``step_ms_all``): step i of two
   engines forms a pair for the goals;
-* **peak bytes** per rank, Paddle's host allocator statistics (process RSS hides its cache):
-  *resident* (allocated bytes the engine added from before its model was built to after its
-  first step, GC settled: parameters, optimizer states, gradient buffers) + *transient* (the
-  allocator's peak during a step minus the bytes at its start; smallest over the timed steps,
-  a lagging GC thread only raises it);
+* **peak bytes** per rank, Paddle's host allocator statistics (process RSS hides its cache),
+  exact to the byte: *resident* (allocated bytes the engine added from before its model was
+  built to after its first step, GC settled, Python's collector off meanwhile: parameters,
+  optimizer states, gradient buffers) + *transient* (the allocator's peak during a step minus
+  the bytes at its start, smallest of :data:`MEMORY_STEPS` memory steps after the warm-up, each
+  run behind the executor's GC thread on the rank's own CPU: ``run_behind_gc``);
 * **pass ms**: time inside the pipeline pass while the engine is prepared (``to_static``,
   ``train()``, first step), by a wrapper installed only then, only in this process, around the
   engine module's ``pipeline_pass`` and ``pir_pass``'s (Paddle's own, or pipesplit's
@@ -47,17 +50,19 @@ Measured per (schedule, impl):
   Paddle's profiler (paired as the timed ones): each job's ms per rank (``job_ms_steps``), the
   split goal's samples (I + W of ZBH1 against B of 1F1B, per stage); the first also records
   the allocations (the memory model's figures);
-* **max loss diff**: largest |loss - reference| over every step and micro-batch; reference:
+* **max loss diff**: largest |loss - reference| over every step all engines take (the
+  rounds' are left out: they step only some engines) and micro-batch; reference:
   Paddle's 1F1B through the same engine (clipping off: Paddle clips the SUM of the micro-batch
   gradients), else the example's one-process dygraph reference.
 
 The issues' goals (``bench_engine_report.goals``) are each a bound on the median of paired
-per-step ratios, with a bootstrap interval and a verdict, met / missed / unresolved
-(``tools/bench/verdicts.py``).  After the ``--steps`` asked, while a goal is unresolved and the
-timing loop (warm-up included) has run under ``--budget-s`` seconds, every engine steps on in
-rounds (paired as before; a round as long as the nearest goal's estimate of the steps it needs,
-at most the steps timed so far, and what the budget's rest fits), the goals recomputed after
-each.  On a miss, the simulator's figures beside the measured.
+ratios, with a bootstrap interval and a verdict, met / missed / unresolved
+(``tools/bench/verdicts.py``).  After the samples asked, while a goal is unresolved and the
+budget (``--budget-s``, the workers' seconds from their start) lasts, rounds give more samples
+to the engines that goal reads, timed steps, profiled steps or the pass's repeats
+(``tools/bench/bench_engine_rounds.py``); the report says whether sampling stopped with every
+goal resolved or with the budget spent, and each goal's paired samples (and when it first
+resolved).  On a miss, the simulator's figures beside the measured.
 """
 from __future__ import annotations
 
@@ -76,11 +81,15 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
 
 from pipesplit.tools.bench.bench_engine_report import (BUDGET_SCHEDULE, REFERENCE,  # noqa: E402
                                                  add_goals, add_loss_diffs, format_report,
-                                                 goals, job_summary)
+                                                 goals)
+from pipesplit.tools.bench.bench_engine_rounds import (RESERVE_MARGIN_S,  # noqa: E402
+                                                       describe_round, plan_round,
+                                                       record_resolutions, reserve_s)
 from pipesplit.tools.bench.bench_engine_runs import (KITS, PP, EngineRun,  # noqa: E402
                                                memory_budget)
 from pipesplit.tools.bench.memory_model import measured_model  # noqa: E402
 from pipesplit.tools.bench.verdicts import iqr  # noqa: E402
+from pipesplit.ir_utils.measure import serial_executor  # noqa: E402
 
 #: the clone's examples (this script runs from the clone: the parent launches its own path)
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
@@ -93,12 +102,14 @@ PADDLE_SCHEDULES = ("FThenB", "1F1B")
 #: -m's default: m = 4 (where 1F1B's bubble leaves room for the fastest-schedule goal) beside 8;
 #: --quick one small m
 DEFAULT_M = {False: "4,8", True: "4"}
-#: the launch's time limit on top of --budget-s (building the engines, the profiled step)
-LAUNCH_TIMEOUT_S = 1800
-#: --budget-s's default: seconds of the timing loop (warm-up included) a run may spend
-DEFAULT_BUDGET_S = 600.0
-#: the shortest round of further steps (one step moves a median too little to re-check)
-ROUND_MIN_STEPS = 2
+#: the launch's time limit on top of --budget-s (the builds, warm-up and memory steps, and the
+#: fewest samples an interval needs, are taken whatever the budget)
+LAUNCH_TIMEOUT_S = 1200
+#: --budget-s's default: the workers' seconds from their start (engines built, samples asked,
+#: rounds), 19 minutes: a default run ends within 20 on 2 cores, the launch and report included
+DEFAULT_BUDGET_S = 1140.0
+#: memory steps per engine (behind the GC thread: exact bytes; the smallest counts)
+MEMORY_STEPS = 2
 #: --profiled-steps' default: steps per engine under Paddle's profiler after the timed ones
 #: (the split goal's paired samples; 6 is the fewest a verdict is given on)
 DEFAULT_PROFILED_STEPS = 6
@@ -122,8 +133,9 @@ def make_parser():
                         "launch of its own: --schedules 1F1B,auto-budget -m 4); FThenB and 1F1B "
                         "run with both impls")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
-                   help="after --steps, step on in rounds while a goal is unresolved, until the "
-                        "timing loop has run this many seconds (0: never)")
+                   help="seconds the workers may run in all: after the samples asked, rounds of "
+                        "more for the engines of each unresolved goal until every goal is "
+                        "resolved or this is spent (0: no rounds)")
     p.add_argument("--profiled-steps", type=int, default=DEFAULT_PROFILED_STEPS,
                    help="steps per engine under Paddle's profiler after the timed ones (each "
                         "schedule's job times; the split goal's samples)")
@@ -152,10 +164,12 @@ def check_args(args) -> None:
         raise ValueError(f"--layers must be a multiple of {PP} (pp), got {args.layers}")
     if args.hidden is not None and args.hidden < 8:
         raise ValueError(f"--hidden must be >= 8, got {args.hidden}")
-    if args.profiled_steps < 1:
-        raise ValueError(f"--profiled-steps must be >= 1, got {args.profiled_steps}")
-    if args.pass_repeats < 1:
-        raise ValueError(f"--pass-repeats must be >= 1, got {args.pass_repeats}")
+    if args.profiled_steps < 2:
+        raise ValueError(f"--profiled-steps must be >= 2 (the split goals' intervals need 2 "
+                         f"paired steps), got {args.profiled_steps}")
+    if args.pass_repeats < 2:
+        raise ValueError(f"--pass-repeats must be >= 2 (the pass goal's interval needs 2 "
+                         f"paired repeats), got {args.pass_repeats}")
     if not args.budget_s >= 0:
         raise ValueError(f"--budget-s must be >= 0, got {args.budget_s}")
     args.ms = parse_ms(DEFAULT_M[args.quick] if args.m is None else args.m)
@@ -215,37 +229,58 @@ def build_engines(args, kits, ranks) -> List[EngineRun]:
         (run.m, run.name, run.impl, run.vpp)))  # the table's order
 
 
-def step_all(runs: Sequence[EngineRun], steps: range, warmup: int) -> None:
-    """Steps ``steps`` of every engine, paired: step k of every engine (order rotated by one
-    per step) before step k + 1 of any."""
+def step_all(runs: Sequence[EngineRun], steps: range, **kind) -> None:
+    """Steps ``steps`` of every engine of ``runs``, paired: step k of every engine (order
+    rotated by one per step) before step k + 1 of any; ``kind``: :meth:`EngineRun.step`'s."""
     for step in steps:
         for run in rotated(runs, step):
-            run.step(step, timed=step >= warmup)
+            run.step(step, **kind)
 
 
 def time_engines(args, kits, ranks):
-    """Build every engine, run the warm-up and the steps asked, then rounds of further steps
-    while a goal is unresolved and the budget lasts (:func:`next_round`), then
-    ``--profiled-steps`` profiled steps each, paired as the timed ones.  (runs, the rounds'
-    lengths, the timing loop's seconds)"""
+    """Build every engine; the warm-up; :data:`MEMORY_STEPS` memory steps each (exact peak
+    bytes, before the rounds: the "best" goal compares them); the timed and profiled steps
+    asked; rounds of more samples for the engines of the unresolved goals
+    (:func:`sample_rounds`); the passes' repeats and their rounds last (a pass again changes
+    the engine's state).  (runs, the rounds, the sampling record)"""
+    started = time.monotonic()
     runs = build_engines(args, kits, ranks)
-    started, end, rounds = time.monotonic(), args.warmup + args.steps, []
-    step_all(runs, range(1, end), args.warmup)
-    while True:
-        more = next_round(args, runs, ranks, time.monotonic() - started, end)
-        if not more:
-            break
-        step_all(runs, range(end, end + more), args.warmup)
-        end += more
-        rounds.append(more)
-    seconds = time.monotonic() - started
-    for step in range(end, end + args.profiled_steps):  # each schedule's own job times
-        for run in rotated(runs, step):
-            run.step(step, timed=False, profiled=True)
-    for repeat in range(args.pass_repeats):  # last: a pass again changes the engine's state
+    rounds, record = [], {"resolved_at": {}}
+    step_all(runs, range(1, args.warmup), timed=False)
+    step_all(runs, range(args.warmup, args.warmup + MEMORY_STEPS), timed=False,
+             memory_cpu=own_cpu(ranks.rank))
+    index = args.warmup + MEMORY_STEPS
+    for count, kind in ((args.steps, {"timed": True}),
+                        (args.profiled_steps, {"timed": False, "profiled": True})):
+        index = asked_steps(args, runs, ranks, started, index, count, record, **kind)
+    index = sample_rounds(args, runs, ranks, started, index, rounds, record)
+    for repeat in range(args.pass_repeats):
         for run in rotated(runs, repeat):
             run.repeat_pass()
-    return runs, rounds, seconds
+    pass_rounds(args, runs, ranks, started, rounds, record)
+    record["sampling_s"] = round(time.monotonic() - started, 1)
+    return runs, rounds, record
+
+
+def asked_steps(args, runs, ranks, started, index: int, count: int, record, **kind) -> int:
+    """Up to ``count`` steps of every engine (paired), fewer when the budget is spent first
+    (never fewer than an interval's 2; ``record["cut"]`` notes it); the next step index."""
+    for taken in range(count):
+        elapsed = max(ranks.all_gather(time.monotonic() - started))
+        if taken >= 2 and args.budget_s > 0 and elapsed >= args.budget_s:
+            record.setdefault("cut", []).append(f"{taken} of {count} "
+                                                f"{'profiled' if kind.get('profiled') else 'timed'}"
+                                                " steps asked (budget spent)")
+            break
+        step_all(runs, range(index, index + 1), **kind)
+        index += 1
+    return index
+
+
+def own_cpu(rank: int) -> int:
+    """The CPU this rank's memory steps run on (one each: :func:`run_behind_gc`)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[rank % len(cpus)]
 
 
 def rotated(runs: Sequence[EngineRun], k: int) -> List[EngineRun]:
@@ -254,38 +289,56 @@ def rotated(runs: Sequence[EngineRun], k: int) -> List[EngineRun]:
     return list(runs[shift:]) + list(runs[:shift])
 
 
-def next_round(args, runs: Sequence[EngineRun], ranks, elapsed: float, done: int) -> int:
-    """How many more steps every engine runs (0: stop).  Rank 0 decides from both ranks'
-    times and tells rank 1, so both step alike."""
-    if args.budget_s <= 0:
-        return 0
-    gathered = ranks.all_gather({"timing": [run.timing() for run in runs], "elapsed": elapsed})
-    more = round_steps(args, runs, gathered, done) if ranks.rank == 0 else 0
-    return ranks.all_gather(more)[0]
+def _decide(args, runs, ranks, started, record, sources, reserve: float):
+    """Rank 0's plan of the next round for ``sources`` (``bench_engine_rounds.plan_round``),
+    on every rank; the goals' first resolutions noted in ``record``."""
+    gathered = ranks.all_gather({"timing": [run.timing() for run in runs],
+                                 "elapsed": time.monotonic() - started})
+    plan = None
+    if ranks.rank == 0:
+        rows = [timing_row(run, [g["timing"][i] for g in gathered]) for i, run in enumerate(runs)]
+        goal_list = goals(rows)
+        record_resolutions(record["resolved_at"], goal_list)
+        left = args.budget_s - max(g["elapsed"] for g in gathered) - reserve(rows)
+        plan = plan_round(rows, goal_list, left, sources)
+        if plan is not None:
+            print(f"rank 0: {max(g['elapsed'] for g in gathered):.0f} of {args.budget_s:g} s; "
+                  f"round: {describe_round(plan)}", file=sys.stderr, flush=True)
+    return ranks.all_gather(plan)[0]
 
 
-def round_steps(args, runs: Sequence[EngineRun], gathered: Sequence[dict], done: int) -> int:
-    """0 when every goal is resolved or the budget is spent; else the unresolved goals'
-    nearest estimate of the steps they need, at least ROUND_MIN_STEPS, at most the steps
-    timed so far (the estimate assumes the spread holds: re-check it at twice the sample),
-    and at most what the rest of the budget fits at the pace so far (``done`` - 1 steps of
-    every engine, warm-up included)."""
-    elapsed = max(g["elapsed"] for g in gathered)
-    left = args.budget_s - elapsed
-    if left <= 0:
-        return 0
-    rows = [timing_row(run, [g["timing"][i] for g in gathered]) for i, run in enumerate(runs)]
-    unresolved = [g for g in goals(rows) if g["verdict"] == "unresolved"]
-    if not unresolved:
-        return 0
-    timed = len(rows[0]["step_ms_all"])
-    nearest = min(g["steps_to_resolve"] for g in unresolved)
-    fits = max(1, int(left / (elapsed / (done - 1))))
-    more = min(max(nearest, ROUND_MIN_STEPS), max(timed, ROUND_MIN_STEPS), fits)
-    print(f"rank 0: {timed} steps timed, {elapsed:.0f} of {args.budget_s:g} s; unresolved: "
-          + ", ".join(f"m={g['m']} {g['name']} (~{g['steps_to_resolve']})" for g in unresolved)
-          + f"; {more} more", file=sys.stderr, flush=True)
-    return more
+def sample_rounds(args, runs, ranks, started, index: int, rounds: list, record) -> int:
+    """Rounds of timed and profiled steps for the engines of the unresolved goals, until none
+    is left or the budget is spent (less the passes' reserve); returns the next step index."""
+    by_label = {(run.m, f"{run.name} {run.impl}"): run for run in runs}
+    while args.budget_s > 0:
+        plan = _decide(args, runs, ranks, started, record, ("timed", "profiled"),
+                       lambda rows: reserve_s(rows, args.pass_repeats))
+        if plan is None:
+            break
+        for source, kind in (("timed", {"timed": True}),
+                             ("profiled", {"timed": False, "profiled": True})):
+            chosen = [by_label[tuple(e)] for e in plan["engines"].get(source, ())]
+            count = plan["samples"].get(source, 0)
+            step_all(chosen, range(index, index + count), common=False, **kind)
+            index += count
+        rounds.append(plan)
+    return index
+
+
+def pass_rounds(args, runs, ranks, started, rounds: list, record) -> None:
+    """Rounds of the passes' repeats while the pass goal is unresolved and the budget lasts."""
+    by_label = {(run.m, f"{run.name} {run.impl}"): run for run in runs}
+    while args.budget_s > 0:
+        plan = _decide(args, runs, ranks, started, record, ("pass",),
+                       lambda rows: RESERVE_MARGIN_S)
+        if plan is None:
+            break
+        chosen = [by_label[tuple(e)] for e in plan["engines"]["pass"]]
+        for repeat in range(plan["samples"]["pass"]):
+            for run in rotated(chosen, repeat):
+                run.repeat_pass()
+        rounds.append(plan)
 
 
 def worker(args) -> int:
@@ -299,7 +352,8 @@ def worker(args) -> int:
     cpu_support.enable()  # both impls: a CPU build's gaps in the engine
 
     kits = {m: KITS[args.model](args, m, EXAMPLES) for m in args.ms}
-    runs, rounds, seconds = time_engines(args, kits, ranks)
+    with serial_executor():  # ops in program order on this thread: the memory steps' exact bytes
+        runs, rounds, record = time_engines(args, kits, ranks)
     gathered = [ranks.all_gather(run.result()) for run in runs]
     sims = [simulated(run.schedule, run.vpp) for run in runs] if ranks.rank == 0 else None
     has_reference = {r.m for r in runs if (r.name, r.impl) == REFERENCE}
@@ -311,9 +365,9 @@ def worker(args) -> int:
             add_loss_diffs([r for r in rows if r["m"] == m], references.get(m))
         with open(args.result, "w") as f:
             json.dump({"model": kits[args.ms[0]].describe(), "pp": PP, "m": args.ms,
-                       "steps": args.steps, "timed_steps": len(rows[0]["step_ms_all"]),
-                       "warmup": args.warmup, "budget_s": args.budget_s, "rounds": rounds,
-                       "timing_s": round(seconds, 1), "rows": rows}, f, indent=1)
+                       "steps": args.steps, "warmup": args.warmup,
+                       "memory_steps": MEMORY_STEPS, "budget_s": args.budget_s,
+                       "rounds": rounds, **record, "rows": rows}, f, indent=1)
     ranks.leave()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -329,11 +383,17 @@ def paired_steps(gathered: Sequence[dict]) -> List[float]:
 def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
     """The fields the goals read, from every rank's :meth:`EngineRun.timing`."""
     steps = paired_steps(gathered)
-    return {"schedule": run.name, "impl": run.impl, "m": run.m, "vpp": run.vpp,
+    jobs = [list(step) for step in zip(*(g["job_steps"] for g in gathered))]  # [step][rank]
+    return {"schedule": run.name, "impl": run.impl, "m": run.m, "vpp": run.vpp, "pp": PP,
             "step_ms": statistics.median(steps), "step_ms_spread": iqr(steps),
-            "step_ms_all": steps, "peak_bytes": [g["peak_bytes"] for g in gathered],
+            "step_ms_all": steps, "step_ids": gathered[0]["step_ids"],
+            "peak_bytes": [g["peak_bytes"] for g in gathered],
+            "exact_peak": all(g["exact_peak"] for g in gathered),
             "process_peak_bytes": [g["process_peak_bytes"] for g in gathered],
             "budget_bytes": gathered[0]["budget_bytes"],
+            "job_ms_steps": jobs, "job_ms": jobs[-1] if jobs else None,
+            # the table's: the last profiled step (the first records allocations too)
+            "profiled_step_ms": max(g["profiled_ms"][-1] for g in gathered) if jobs else None,
             "pass_ms": max(g["pass_ms"] for g in gathered),
             # each repeat's slowest rank (the engine waits for both)
             "pass_ms_all": [max(ms) for ms in zip(*(g["pass_ms_repeats"] for g in gathered))]}
@@ -342,15 +402,11 @@ def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
 def make_row(run: EngineRun, gathered: Sequence[dict], sim: dict) -> dict:
     per_rank = {key: [g[key] for g in gathered] for key in gathered[0]
                 if key not in ("losses", "memory")}
-    steps = [[job_summary(jobs) for jobs in g["job_steps"]] for g in gathered]
     return {**timing_row(run, gathered),
-            **{key: per_rank[key] for key in ("resident_bytes", "transient_bytes")},
+            **{key: per_rank[key] for key in ("resident_bytes", "transient_bytes",
+                                              "exact_transients")},
             "pass_ms_per_rank": per_rank["pass_ms"],
             "prepare_ms": max(per_rank["prepare_ms"]), "replanned": gathered[0]["replanned"],
-            # the table's: the last profiled step (the first records allocations too)
-            "profiled_step_ms": max(g["profiled_ms"][-1] for g in gathered),
-            "job_ms": [rank[-1] for rank in steps],
-            "job_ms_steps": [list(step) for step in zip(*steps)],  # [step][rank]
             "backward_ops": per_rank["backward_ops"],
             "program_ops": per_rank["program_ops"],
             "losses": next((g["losses"] for g in gathered if g["losses"] is not None), None),

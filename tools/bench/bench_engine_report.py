@@ -33,6 +33,9 @@ GOAL_SPLIT_RATIO, SPLIT_SCHEDULE = 1.05, "ZBH1"
 GOAL_BUDGET_RATIO, GOAL_BUDGET_M, BUDGET_SCHEDULE = 0.95, 4, "auto-budget"
 #: pipesplit's pipeline pass <= this x Paddle's, same schedule (issue 42)
 GOAL_PASS_RATIO = 1.0
+#: issue 58: pipesplit's fastest <= this x the zero-bubble limit, m / (m + pp - 1) x Paddle's
+#: 1F1B (1F1B idles (pp - 1) / (m + pp - 1) of its step; a schedule without a bubble does not)
+GOAL_BUBBLE_MARGIN = 1.03
 
 
 def add_loss_diffs(rows: List[dict], reference: Optional[List[List[float]]]) -> None:
@@ -85,6 +88,8 @@ def goals_at(m: int, rows: List[dict]) -> List[dict]:
         out.append(ratio_goal("fastest", "pipesplit's fastest ({num}) <= {bound} x Paddle's "
                               "fastest ({den})", fastest(ours), fastest(theirs),
                               GOAL_FASTEST_RATIO[m]))
+    if ours and REFERENCE in find:
+        out.append(bubble_goal(m, fastest(ours), find[REFERENCE]))
     if ours and theirs:
         out.append(best_goal(ours, theirs))
     auto = find.get(("auto", "pipesplit"))
@@ -105,6 +110,8 @@ def goals_at(m: int, rows: List[dict]) -> List[dict]:
         out += split_goals(split, fused)
     passes = [(name, row, find[(name, "paddle")]) for (name, impl), row in find.items()
               if impl == "pipesplit" and (name, "paddle") in find]
+    if passes:
+        out.append(peaks_goal(passes))
     if passes and all(a.get("pass_ms_all") and b.get("pass_ms_all") for _, a, b in passes):
         # (none while the steps run: the passes are repeated after the last)
         out.append(pass_goal(passes))
@@ -201,10 +208,31 @@ def fastest(rows: List[dict]) -> dict:
     return min(rows, key=lambda r: r["step_ms"])
 
 
+def bubble_goal(m: int, ours: dict, paddle_1f1b: dict) -> dict:
+    """pipesplit's fastest row <= GOAL_BUBBLE_MARGIN x m / (m + pp - 1) x Paddle's 1F1B: the
+    step of a pipeline without a bubble, within the margin."""
+    pp = paddle_1f1b.get("pp", 2)
+    limit = m / (m + pp - 1)
+    return ratio_goal("bubble", "pipesplit's fastest ({num}) <= {bound} x Paddle 1F1B "
+                      f"({GOAL_BUBBLE_MARGIN:g} x the zero-bubble limit m / (m + pp - 1) = "
+                      f"{limit:.4f})", ours, paddle_1f1b, round(GOAL_BUBBLE_MARGIN * limit, 4))
+
+
+def paired_times(num: dict, den: dict) -> Tuple[List[float], List[float]]:
+    """The two rows' step times that ran side by side: the steps of the same index
+    (``step_ids``: rounds step only the engines an unresolved goal reads), else position by
+    position."""
+    if "step_ids" not in num or "step_ids" not in den:
+        return num["step_ms_all"], den["step_ms_all"]
+    theirs = dict(zip(den["step_ids"], den["step_ms_all"]))
+    pairs = [(t, theirs[i]) for i, t in zip(num["step_ids"], num["step_ms_all"]) if i in theirs]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
 def ratio_goal(name: str, text: str, num: dict, den: dict, bound: float) -> dict:
     """``num`` <= ``bound`` x ``den``, from the paired ratios of their per-step times;
     ``text`` may name ``{num}``, ``{den}`` and ``{bound}``."""
-    figures = ratio_figures(paired_ratios(num["step_ms_all"], den["step_ms_all"]), bound)
+    figures = ratio_figures(paired_ratios(*paired_times(num, den)), bound)
     return {"name": name, "text": text.format(num=num["schedule"], den=den["schedule"],
                                               bound=f"{bound:g}"),
             "numerator": label(num), "denominator": label(den), **figures}
@@ -247,6 +275,26 @@ def pass_goal(passes: Sequence[Tuple[str, dict, dict]]) -> dict:
             "steps_to_resolve": combined_steps([figures for _, figures, _, _ in parts])}
 
 
+def peaks_goal(passes: Sequence[Tuple[str, dict, dict]]) -> dict:
+    """Issue 58: pipesplit's peak <= Paddle's own pass's on every rank, for every schedule
+    both serve ((name, pipesplit's row, Paddle's row)): exact bytes, no interval; the text
+    gives both rows' bytes per rank."""
+    over = [name for name, ours, theirs in passes
+            if any(a > b for a, b in zip(ours["peak_bytes"], theirs["peak_bytes"]))]
+    exact = all(r.get("exact_peak", False) for _, a, b in passes for r in (a, b))
+    figures = "; ".join(f"{name} {'/'.join(f'{b:,}' for b in ours['peak_bytes'])} vs "
+                        f"{'/'.join(f'{b:,}' for b in theirs['peak_bytes'])}"
+                        for name, ours, theirs in passes)
+    name, ours, theirs = passes[0]
+    return {"name": "peaks", "text": "pipesplit's peak <= Paddle's own pass's on every rank, "
+            f"same schedule ({'exact bytes' if exact else 'bytes of the timed steps'} per rank, "
+            f"pipesplit vs Paddle: {figures})"
+            + (f": above on {', '.join(over)}" if over else ""),
+            "numerator": label(ours), "denominator": label(theirs), "ratio": None,
+            "ratio_ci": None, "bound": 1.0, "direction": "at_most",
+            "verdict": "missed" if over else "met", "steps_to_resolve": None}
+
+
 def mark_numerators(rows: List[dict], goal_list: List[dict]) -> None:
     """Each row's ``ratio_ci``: {goal name: [low, high]} of the goals it is the numerator of."""
     for row in rows:
@@ -256,10 +304,14 @@ def mark_numerators(rows: List[dict], goal_list: List[dict]) -> None:
 
 
 def goal_line(goal: dict) -> str:
-    """``UNRESOLVED  m=4 1f1b: <text>: 1.012 [0.981, 1.043] over 12 steps, ...``."""
+    """``UNRESOLVED  m=4 1f1b: <text>: 1.012 [0.981, 1.043] over 12 steps, ...``, and for a
+    verdict with an interval how many paired samples it first resolved at."""
     figures = f": {describe(goal)}" if goal["ratio_ci"] is not None else \
         f": {goal['ratio']:.3f}, bound {bound_text(goal['bound'], goal['direction'])}" \
         if goal["ratio"] is not None else ""
+    if goal["ratio_ci"] is not None and goal["verdict"] != "unresolved" \
+            and goal.get("resolved_at"):
+        figures += f" (first resolved at {goal['resolved_at']})"
     return f"{goal['verdict'].upper():<10}  m={goal['m']} {goal['name']}: {goal['text']}{figures}"
 
 
@@ -278,6 +330,9 @@ def add_goals(report: dict) -> None:
     """The report's ``goals`` list, each numerator row's ``ratio_ci``, and the memory model's
     predictions beside the measured peaks (``memory_model``: exact figures, no interval)."""
     report["goals"] = goals(report["rows"])
+    first = report.get("resolved_at", {})
+    for goal in report["goals"]:
+        goal["resolved_at"] = first.get(f"m={goal['m']} {goal['name']}")
     mark_numerators(report["rows"], report["goals"])
     report["memory_model"] = predictions(report["rows"])
 
@@ -289,15 +344,13 @@ def base_row(rows: List[dict]) -> Optional[dict]:
 
 def format_report(report: dict) -> str:
     rows = report["rows"]
-    extra = report["timed_steps"] - report["steps"]
     lines = [f"{report['model']}; pp={report['pp']} m={','.join(map(str, report['m']))}, "
-             f"medians of {report['timed_steps']} paired steps ({report['steps']} asked"
-             + (f", {extra} more in {len(report['rounds'])} round(s) while a goal was unresolved"
-                if extra else "") + f"; budget {report['budget_s']:g} s, timing loop "
-             f"{report['timing_s']:.0f} s) after {report['warmup']} warm-up, 2 processes x 1 "
-             "thread",
+             f"2 processes x 1 thread; {report['warmup']} warm-up steps, "
+             f"{report['memory_steps']} memory steps, then {report['steps']} paired steps "
+             "asked of every engine", sampling_line(report),
              "peak MiB per rank (rank0/rank1) = resident (engine's allocated bytes after its "
-             "first step) + transient step peak, Paddle's host allocator stats"]
+             "first step) + a step's peak above its start (memory steps behind the executor's "
+             "GC thread: exact bytes), Paddle's host allocator stats"]
     for m, group in by_m(rows):
         lines += ["", f"m = {m}:"] + rows_table(group)
     lines += ["", f"goals: the median of the paired per-step ratios (step i of one engine / "
@@ -315,12 +368,27 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def sampling_line(report: dict) -> str:
+    """How sampling ended: every goal resolved, or the budget spent (with what is left), and
+    the rounds it took."""
+    counts = [len(r["step_ms_all"]) for r in report["rows"]]
+    rounds = report.get("rounds", [])
+    left = [g for g in report.get("goals", []) if g["verdict"] == "unresolved"]
+    stop = ("every goal resolved" if not left else
+            f"budget of {report['budget_s']:g} s spent with {len(left)} goal(s) unresolved")
+    cut = "; ".join(report.get("cut", []))
+    return (f"sampling: {len(rounds)} round(s) for unresolved goals, {min(counts)}-"
+            f"{max(counts)} timed steps per engine, {report.get('sampling_s', 0):.0f} s in the "
+            f"workers" + (f" (cut short: {cut})" if cut else "") + f"; stopped: {stop}")
+
+
 def rows_table(rows: List[dict]) -> List[str]:
     """One m's table, its loss reference and what ``auto`` measured."""
     base = base_row(rows)
-    head = ("schedule", "impl", "step ms", "IQR ms", "/ P1F1B", "peak MiB", "pass ms",
+    head = ("schedule", "impl", "steps", "step ms", "IQR ms", "/ P1F1B", "peak MiB", "pass ms",
             "loss diff")
-    body = [(r["schedule"], r["impl"], f"{r['step_ms']:.1f}", f"{r['step_ms_spread']:.1f}",
+    body = [(r["schedule"], r["impl"], str(len(r["step_ms_all"])), f"{r['step_ms']:.1f}",
+             f"{r['step_ms_spread']:.1f}",
              f"{r['step_ms'] / base['step_ms']:.3f}" if base else "-", mib_per_rank(r["peak_bytes"]),
              f"{r['pass_ms']:.1f}",
              "-" if r["max_loss_diff"] is None else f"{r['max_loss_diff']:.1e}") for r in rows]

@@ -4,6 +4,7 @@ measured on Paddle's 1F1B.  See bench_engine's doc for what each figure means.""
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import time
 from typing import List, Optional, Sequence
@@ -232,25 +233,31 @@ class EngineRun:
         self.name, self.impl, self.vpp, self.m = name, impl, vpp, kit.args.m
         self.memory, self.barrier, self.budget = memory, barrier, budget
         self.scope = paddle.static.Scope()
-        self.spans, self.losses, self.transient = [], [], []
+        self.spans, self.step_ids, self.losses, self.transient = [], [], [], []
+        self.exact_transient = []  # the memory steps' (behind the GC thread: exact bytes)
         self.process_peaks = []  # the allocator's peak in each timed step (the whole process)
         self.job_steps, self.profiled_spans = [], []  # one entry per profiled step
         self.memory_figures = None  # pipesplit's engines: rank_memory of the profiled step
         use_impl(impl)
-        before = memory.settled_current()
-        timer = PassTimer()
-        started = time.perf_counter()
-        with self._guards(fresh=True), timer.installed():
-            self.dist_model, self.opt, loader = kit.build(
-                "auto" if name == BUDGET_SCHEDULE else name, vpp, budget)
-            self.dist_model.train()
-            self.prepare_ms = (time.perf_counter() - started) * 1e3
-            self.batches = batches if batches is not None else [tuple(b) for b in loader]
-            self.step(0, timed=False)  # the first run may prepare the rest of the plan
+        gc.collect()  # no earlier engine's garbage freed inside this one's figures
+        gc.disable()
+        try:
+            before = memory.settled_current()
+            timer = PassTimer()
+            started = time.perf_counter()
+            with self._guards(fresh=True), timer.installed():
+                self.dist_model, self.opt, loader = kit.build(
+                    "auto" if name == BUDGET_SCHEDULE else name, vpp, budget)
+                self.dist_model.train()
+                self.prepare_ms = (time.perf_counter() - started) * 1e3
+                self.batches = batches if batches is not None else [tuple(b) for b in loader]
+                self.step(0, timed=False)  # the first run may prepare the rest of the plan
+            self.resident = memory.settled_current() - before
+        finally:
+            gc.enable()
         self.pass_ms = timer.seconds * 1e3
         self.pass_timer = timer
         self.pass_ms_repeats: List[float] = []
-        self.resident = memory.settled_current() - before
         self.first_schedule = self._built_schedule()
 
     @property
@@ -295,16 +302,24 @@ class EngineRun:
         return make_schedule(PipelineConfig.from_attrs(self.name, dict(
             num_micro_batches=self.m, pp_degree=PP, vpp_degree=self.vpp)))
 
-    def step(self, index: int, timed: bool, profiled: bool = False) -> None:
+    def step(self, index: int, timed: bool, profiled: bool = False,
+             memory_cpu: Optional[int] = None, common: bool = True) -> None:
         """Step ``index`` of this engine; both ranks meet in the barrier first.  ``profiled``:
-        under Paddle's profiler (untimed), its jobs appended to ``self.job_steps``."""
+        under Paddle's profiler (untimed), its jobs appended to ``self.job_steps``.
+        ``memory_cpu``: a memory step (untimed), run behind the executor's GC thread on that
+        CPU (:func:`~pipesplit.ir_utils.measure.run_behind_gc`: the program's own peak, the
+        same bytes in every run).  ``common``: every engine takes this step (its loss is
+        compared with the reference's; rounds step only the engines a goal still needs)."""
         import numpy as np
         import paddle
 
         x, y = self.batches[index % len(self.batches)]
         use_impl(self.impl)
         with self._guards():
-            if timed or profiled:
+            if timed or profiled or memory_cpu is not None:
+                if memory_cpu is not None:
+                    gc.collect()
+                    gc.disable()  # (a collection inside the step would lower its peak)
                 self.memory.settled_current()  # the previous run's frees done
                 self.memory.reset_peak()
                 start_bytes = self.memory.current()
@@ -318,6 +333,14 @@ class EngineRun:
                 self.job_steps.append(jobs)
                 if first:
                     self.memory_figures = figures
+            elif memory_cpu is not None:
+                from pipesplit.ir_utils.measure import run_behind_gc
+
+                try:
+                    loss = run_behind_gc(lambda: self.dist_model(x, y), memory_cpu)
+                    self.exact_transient.append(self.memory.peak() - start_bytes)
+                finally:
+                    gc.enable()
             else:
                 loss = self.dist_model(x, y)
             t1 = time.monotonic()
@@ -325,9 +348,10 @@ class EngineRun:
                 self.profiled_spans.append((t0, t1))
             if timed:
                 self.spans.append((t0, t1))
+                self.step_ids.append(index)
                 self.transient.append(self.memory.peak() - start_bytes)
                 self.process_peaks.append(self.memory.peak())
-        if loss is not None:
+        if loss is not None and common:
             self.losses.append(np.asarray(loss, np.float64).reshape(-1).tolist())
         if isinstance(self.opt._learning_rate, paddle.optimizer.lr.LRScheduler):
             self.opt._learning_rate.step()
@@ -362,23 +386,35 @@ class EngineRun:
         return len(plan_of(self.dist_model).source_program.global_block().ops)
 
     def timing(self) -> dict:
-        """What the goals read: the timed steps' spans, peak bytes and pass time."""
-        return {"spans": self.spans, "peak_bytes": int(self.resident + min(self.transient)),
+        """What the goals read: the timed steps' spans (and their step indices: two engines'
+        steps pair by index), the profiled steps' jobs, peak bytes and pass times."""
+        from pipesplit.tools.bench.bench_engine_report import job_summary
+
+        return {"spans": self.spans, "step_ids": self.step_ids,
+                "job_steps": [job_summary(jobs) for jobs in self.job_steps],
+                "profiled_ms": [(end - start) * 1e3 for start, end in self.profiled_spans],
+                "peak_bytes": int(self.resident + self.transient_bytes()),
+                "exact_peak": bool(self.exact_transient),
                 # what a memory budget bounds (``auto-budget``): the process's own peak, the
                 # smallest over the timed steps (a lagging free only raises one)
                 "process_peak_bytes": int(min(self.process_peaks)), "budget_bytes": self.budget,
                 "pass_ms": self.pass_ms, "pass_ms_repeats": self.pass_ms_repeats}
 
+    def transient_bytes(self) -> int:
+        """A step's bytes above its start: the memory steps' smallest (exact), else the timed
+        steps' smallest (a lagging GC thread only raises one)."""
+        return int(min(self.exact_transient or self.transient))
+
     def result(self) -> dict:
         done = self.replanned
-        return {**self.timing(), "losses": self.losses or None, "job_steps": self.job_steps,
-                "profiled_ms": [(end - start) * 1e3 for start, end in self.profiled_spans],
+        return {**self.timing(), "losses": self.losses or None,
                 "replanned": None if done is None else {"step": done.step,
                                                         "costs": done.costs.to_dict(),
                                                         "memory": done.memory},
                 "prepare_ms": self.prepare_ms, "memory": self.memory_figures,
                 "backward_ops": self.backward_ops(), "program_ops": self.program_ops(),
-                "resident_bytes": int(self.resident), "transient_bytes": int(min(self.transient))}
+                "resident_bytes": int(self.resident), "transient_bytes": self.transient_bytes(),
+                "exact_transients": [int(t) for t in self.exact_transient]}
 
 #: the steps Paddle's 1F1B takes to measure its peak for ``auto``'s budget (the smallest
 #: transient of them counts, as for the rows)

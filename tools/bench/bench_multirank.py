@@ -27,8 +27,9 @@ rank):
 * **steps**: per schedule the rank's plan (``build_rank_plan``, costs given, so ``auto``
   searches with them and the comm lowering follows them), ``--warmup`` steps, then ``--steps``
   steps each after a barrier, the schedules in turn (step i of every schedule before step
-  i + 1 of any, so a drift of the machine during the launch reaches all alike); a step's time is the last rank's end minus the first rank's
-  start (one system-wide monotonic clock); the table shows the median.
+  i + 1 of any: a drift of the machine reaches all alike); a step's time is the last rank's
+  end minus the first rank's start (one system-wide monotonic clock); the table shows the
+  median.
 
 The costs carry ``comm_mode="rendezvous"`` (:data:`COMM_MODE`): a gloo transfer runs in the
 rank's one executor thread and blocks both ends, so the simulator times the lowered schedule
@@ -36,8 +37,8 @@ with each send / recv pair starting when both ranks reach it and keeping both bu
 ``comm``; ``auto``'s search re-ranks its finalists under that model.  ``auto`` is the better
 (simulated, rendezvous) of ``auto`` on the 2-stage and on the 4-stage model with the profiled
 costs and its default memory limit.  Simulated step: the simulator's end of each rank's list
-(its last job or transfer) plus that rank's optimizer time, max over ranks.  One per-job overhead ``c``
-(ms, added to every compute job) is fitted by least squares over all schedules; the table
+(its last job or transfer) plus that rank's optimizer time, max over ranks.  One per-job
+overhead ``c`` (ms, added to every compute job) is fitted by least squares; the table
 shows measured / simulated before and after the fit and the rank order both ways, and each
 goal of issue 11 item 3 with its verdict (``tools/bench/verdicts.py``: ratio goals from per-step
 ratios, fitted simulation held fixed).  Every rank's losses are checked against an unsplit run
@@ -64,6 +65,7 @@ if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 from pipesplit.job_list.text import text_table  # noqa: E402
 from pipesplit.tools._console import checked_args  # noqa: E402
+from pipesplit.tools.bench.process_group import run_in_own_group  # noqa: E402
 from pipesplit.tools.bench.verdicts import (combine, combined_steps, describe,  # noqa: E402
                                             paired_ratios, ratio_figures)
 
@@ -499,8 +501,7 @@ def launch_workers(script: str, argv: Sequence[str], log_dir: Optional[str],
                "--log_dir", log_dir, os.path.realpath(script), "--worker", "--result", result,
                *argv]
         env = dict(os.environ, **ONE_THREAD_ENV)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp,
-                              timeout=timeout)
+        proc = run_in_own_group(cmd, env, tmp, timeout)
         if proc.returncode != 0 or not os.path.exists(result):
             logs = "".join(f"--- {p.name} (end)\n{p.read_text()[-3000:]}\n" for p in
                            (Path(log_dir, f"workerlog.{r}") for r in range(PP)) if p.exists())
