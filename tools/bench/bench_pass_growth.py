@@ -63,7 +63,7 @@ def run_one(args, layers: int) -> Dict[str, dict]:
         size = ["--quick"] if args.quick else ["--hidden", str(args.hidden)]
         cmd = [sys.executable, TOOL, "--layers", str(layers), *size, "--schedules", args.schedule,
                "-m", str(args.m), "--steps", str(args.steps), "--warmup", "2", "--budget-s", "0",
-               "--profiled-steps", "1", "--json", out]
+               "--profiled-steps", "2", "--json", out]
         env = dict(os.environ, GLOG_minloglevel="2")
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
                               env=env)
