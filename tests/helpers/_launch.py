@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence
 
+from _ledger import timed
+
 #: a line that states an error: Python's ``XxxError: ...`` / ``XxxException``, Paddle's
 #: ``(Unimplemented) ...`` and gloo's ``... raises an exception ...``
 _ERROR_LINE = re.compile(r"(\b\w*(Error|Exception)\b\s*:|^\s*\(\w+\) |raises an exception)")
@@ -56,8 +58,9 @@ def _env() -> dict:
 def launch(workdir: Path, script: Path, *args, nproc: int = 2, timeout: int = 1200) -> Launch:
     """``nproc`` processes of ``script args`` on this machine."""
     log_dir = workdir / "log"
-    proc = subprocess.run(_command(script, args, log_dir, nproc), cwd=workdir,
-                          capture_output=True, text=True, timeout=timeout, env=_env())
+    with timed(nproc):
+        proc = subprocess.run(_command(script, args, log_dir, nproc), cwd=workdir,
+                              capture_output=True, text=True, timeout=timeout, env=_env())
     return Launch(proc.returncode, proc.stdout + proc.stderr,
                   sorted(log_dir.glob("workerlog.*")))
 
@@ -73,6 +76,11 @@ def launch_nodes(workdir: Path, script: Path, *args, nodes: int = 2, nproc: int 
     """``nodes`` launchers on this machine joined as the nodes of one job (``--nnodes N
     --master 127.0.0.1:PORT``), ``nproc`` processes each, as users launch across machines."""
     master = f"127.0.0.1:{free_port()}"
+    with timed(nodes * nproc, how=f"{nodes} launchers"):
+        return _launch_nodes(workdir, script, args, nodes, nproc, timeout, master)
+
+
+def _launch_nodes(workdir, script, args, nodes, nproc, timeout, master) -> Launch:
     procs = []
     for node in range(nodes):
         log_dir = workdir / f"node{node}"

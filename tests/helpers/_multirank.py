@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from _ledger import timed
 from _paths import REPO as _REPO, WORKERS
 
 REPO = str(_REPO)
@@ -24,8 +25,9 @@ def launch_script(args, log_dir, timeout=240, nproc=2):
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
            "--log_dir", str(log_dir)] + [str(a) for a in args]
     env = dict(os.environ, GLOG_minloglevel="2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=str(log_dir))
+    with timed(nproc):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=str(log_dir))
     logs = {}
     for r in range(nproc):
         path = os.path.join(str(log_dir), f"workerlog.{r}")
@@ -60,7 +62,8 @@ def spawn(args, log_dir, timeout=240, nproc=2):
         procs.append(subprocess.Popen([sys.executable] + [str(a) for a in args], env=env,
                                       stdout=files[-1], stderr=subprocess.STDOUT, cwd=str(log_dir)))
     try:
-        codes = [p.wait(timeout=timeout) for p in procs]
+        with timed(nproc, how="spawned"):
+            codes = [p.wait(timeout=timeout) for p in procs]
     finally:
         for p, f in zip(procs, files):
             if p.poll() is None:
