@@ -40,6 +40,17 @@ def test_the_pinned_release_is_the_one_the_install_commands_name():
         {PINNED_PADDLE_VERSION}
 
 
+def test_ci_runs_every_line_on_its_newest_release():
+    """``.ci/run``: the whole suite on the pinned release, the CI subset on the newest release
+    of every other line (and on the pinned line's other release)."""
+    text = (REPO / ".ci" / "run").read_text()
+    others = re.search(r"^other_releases=\(([^)]*)\)", text, re.M).group(1).split()
+    newest = {releases[0] for releases in SUPPORTED_PADDLE_LINES.values()}
+    assert set(others) | {PINNED_PADDLE_VERSION} >= newest
+    assert PINNED_PADDLE_VERSION not in others
+    assert set(others) <= set(SUPPORTED_PADDLE_VERSIONS)
+
+
 def test_this_release_is_supported_and_has_every_name_the_door_patches():
     assert paddle.__version__ in SUPPORTED_PADDLE_VERSIONS
     assert require_supported_paddle() is paddle
