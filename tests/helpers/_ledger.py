@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -62,11 +61,11 @@ def read(folder: Path) -> List[dict]:
 def probe_seconds(nproc: int = 2, timeout: int = 120) -> Optional[float]:
     """Seconds of one launch of ``nproc`` processes that only import Paddle and join the
     group (None if it failed)."""
+    from _launch import _command  # (it imports this module)
+
     with tempfile.TemporaryDirectory(prefix="pipesplit-probe-") as work:
         start = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "paddle.distributed.launch",
-                               "--nproc_per_node", str(nproc), "--log_dir",
-                               str(Path(work) / "log"), str(PROBE)], cwd=work,
+        done = subprocess.run(_command(PROBE, (), Path(work) / "log", nproc), cwd=work,
                               capture_output=True, text=True, timeout=timeout)
         seconds = time.monotonic() - start
     return seconds if done.returncode == 0 else None
