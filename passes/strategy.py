@@ -12,8 +12,9 @@ completion, its chunk check and the loss fetch.  :func:`enable_strategy`:
 * wraps ``Engine._parallel_pir`` and ``Engine.run``: Paddle's code in them sees
   ``schedule_mode == "VPP"`` (the user's name again after each call), so its chunk completion,
   chunk check and loss fetch serve every pipesplit schedule;
-* wraps the engine's ``complete_chunk_id`` (nothing to do with one chunk per rank) and
-  ``check_chunk_id`` (skipped when no op has a chunk id: pipesplit gives them chunk 0);
+* wraps the engine's ``complete_chunk_id`` (the session completes the chunks itself for vpp
+  > 1: :mod:`pipesplit.passes.engine.chunk_completion`) and ``check_chunk_id`` (skipped when
+  no op has a chunk id: pipesplit gives them chunk 0);
 * routes Paddle's ``pipeline_scheduler_<NAME>`` passes to pipesplit
   (:func:`pipesplit.passes.split.registration.enable`).
 
@@ -36,7 +37,8 @@ from __future__ import annotations
 
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.engine import strategy_config
-from pipesplit.passes.engine.hooks import last_pipeline, pipeline_pass
+from pipesplit.passes.engine.hooks import pipeline_pass
+from pipesplit.passes.last_built import last_pipeline
 from pipesplit.passes.engine.replanning import Replanned, check_costs
 from pipesplit.passes.engine.replanning import replan as _replan_engine
 from pipesplit.passes.engine.session import session_of, session_of_engine

@@ -112,3 +112,25 @@ def test_nothing_is_patched_or_registered_at_import_but_the_named_two():
 def test_the_scan_sees_module_level_calls():
     code = "x = f()\nif y:\n    g(1)\ndef h():\n    k()\nclass C:\n    m = n()\n"
     assert sorted(_called_name(c) for c in _module_level_calls(ast.parse(code))) == ["f", "g"]
+
+
+def test_the_engine_keeps_no_context_variable():
+    """What an engine's moments need is the session's, handed as arguments: no context
+    variable steers them from outside (the plan the bare pass built last, a record for the
+    user, is :mod:`pipesplit.passes.last_built`'s)."""
+    found = [f"{rel}:{node.lineno}" for rel, _ in _python_files() if rel.startswith("engine/")
+             for node in ast.walk(_tree(rel))
+             if isinstance(node, ast.Name) and node.id == "ContextVar"
+             or isinstance(node, ast.alias) and node.name == "contextvars"]
+    assert not found, "a context variable in passes/engine/:\n" + "\n".join(found)
+
+
+def test_the_session_completes_chunks_without_paddles_completion():
+    """Chunk completion is the session's (:mod:`~pipesplit.passes.engine.chunk_completion`):
+    nothing in passes/ calls Paddle's ``complete_chunk_id`` or asks its stage rule but the
+    trampoline that hands Paddle's own VPP engine Paddle's function."""
+    found = [f"{rel}:{call.lineno} {_called_name(call)}" for rel, _ in _python_files()
+             for call in ast.walk(_tree(rel)) if isinstance(call, ast.Call)
+             and _called_name(call) in ("complete_chunk_id", "get_pp_stage_by_process_mesh",
+                                        "paddle_completion")]
+    assert not found, "Paddle's chunk completion called:\n" + "\n".join(found)

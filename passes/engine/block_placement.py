@@ -110,8 +110,8 @@ def assign_placement(dist_program, state) -> bool:
     an even split is block i of L on stage i * pp*vpp // L); ops before the first block go
     with it, ops after the last (final norm, head, loss) with the last; ops on a mesh of every
     stage (a mask or position ids each layer reads) stay there, each layer's reshard from them
-    following the layer.  Paddle's ``complete_chunk_id`` then finds non-monotonic (custom)
-    meshes, keeps them and sets chunk = s // pp.  Returns False (and changes nothing) when
+    following the layer.  The session's chunk completion then sets every op's chunk
+    (:mod:`.chunk_completion`: s // pp by the block's stretch).  Returns False (and changes nothing) when
     the meshes are not in model order (the user placed them)."""
     from paddle.distributed.auto_parallel.static.mix_to_dist_pass import dist_skip_op_list
     from paddle.distributed.auto_parallel.static.pir_pass import _set_process_mesh_and_chunk_id
@@ -269,20 +269,10 @@ def _targets(dist_program, state, meshes) -> dict:
     from paddle.distributed.auto_parallel.static.pir_pass import (_extract_seg_method,
                                                                   _get_seg_struct_names)
     placement = state.request.placement
-    pp, vpp = placement.pp, placement.vpp
+    pp = placement.pp
     seg_method = state.request.seg_method
     segments = _get_seg_struct_names(dist_program.global_block().ops, seg_method)
-    per_rank = _blocks_per_stage_mesh(dist_program.global_block().ops, seg_method, meshes)
-    if sum(per_rank) != len(segments):
-        raise ValueError(f"strategy.pipeline.vpp_seg_method={seg_method!r}: "
-                         f"{len(segments) - sum(per_rank)} of the model's {len(segments)} blocks "
-                         "are on no pipeline stage mesh; place each block's parameters on the "
-                         "mesh of its stage")
-    try:
-        stage_of_block = placement.stages_of_blocks(per_rank)
-    except ValueError as e:
-        raise ValueError(f"strategy.pipeline.vpp_degree={vpp}: the model's {seg_method} "
-                         f"blocks on the stage meshes: {e}") from None
+    stage_of_block = block_stages(dist_program.global_block().ops, seg_method, placement, meshes)
     index = {name: i for i, name in enumerate(segments)}
     _drop_stage_reshards(dist_program)
     target = {}
@@ -300,7 +290,27 @@ def _targets(dist_program, state, meshes) -> dict:
     return target
 
 
-def _blocks_per_stage_mesh(ops, seg_method, meshes) -> list:
+def block_stages(ops, seg_method, placement, meshes) -> list:
+    """The virtual stage of each block (model order) under ``placement``: the blocks each
+    stage mesh holds (:func:`blocks_per_stage_mesh`), dealt one by one to its chunks
+    (``Placement.stages_of_blocks``)."""
+    from paddle.distributed.auto_parallel.static.pir_pass import _get_seg_struct_names
+
+    segments = _get_seg_struct_names(ops, seg_method)
+    per_rank = blocks_per_stage_mesh(ops, seg_method, meshes)
+    if sum(per_rank) != len(segments):
+        raise ValueError(f"strategy.pipeline.vpp_seg_method={seg_method!r}: "
+                         f"{len(segments) - sum(per_rank)} of the model's {len(segments)} blocks "
+                         "are on no pipeline stage mesh; place each block's parameters on the "
+                         "mesh of its stage")
+    try:
+        return placement.stages_of_blocks(per_rank)
+    except ValueError as e:
+        raise ValueError(f"strategy.pipeline.vpp_degree={placement.vpp}: the model's "
+                         f"{seg_method} blocks on the stage meshes: {e}") from None
+
+
+def blocks_per_stage_mesh(ops, seg_method, meshes) -> list:
     """How many blocks the user placed on each stage mesh (a block's mesh: its first op on
     a stage mesh), as Paddle's chunk completion counts them."""
     from paddle.distributed.auto_parallel.static.pir_pass import _extract_seg_method

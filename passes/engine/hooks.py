@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-from contextvars import ContextVar
 from typing import Optional
 
 from pipesplit.passes.engine.chunk_fill import fill_chunk_ids
@@ -21,16 +20,12 @@ from pipesplit.passes.engine.knobs import refuse_what_cannot_work
 from pipesplit.passes.engine.loader_checks import check_loader
 from pipesplit.passes.engine.open_state import opening_of
 from pipesplit.passes.engine.run_steps import paddle_sees_vpp
-from pipesplit.passes.engine.session import (EngineSession, completing_meshes, session_of,
-                                             session_of_engine)
+from pipesplit.passes.engine.session import EngineSession, session_of, session_of_engine
 from pipesplit.passes.engine.strategy_checks import check_fields
 from pipesplit.passes.engine.section import held_request
-from pipesplit.passes.split.core import PipelinePlan
+from pipesplit.passes.last_built import record
 from pipesplit.passes.split.pipeline import split_and_schedule
 
-#: the PipelinePlan the pass built last in this context (:func:`last_pipeline`)
-_LAST_PIPELINE: ContextVar[Optional[PipelinePlan]] = ContextVar("pipesplit_last_pipeline",
-                                                                default=None)
 
 
 def _single(x, what):
@@ -53,9 +48,7 @@ def pipeline_pass(dense_main_program, dense_startup_program, pipeline_strategy):
     held = held_request(pipeline_strategy)
     if is_engine_program(main) and not held.serves_an_engine:
         raise built_before_enable()
-    built = held.pipeline_pass(main, startup)
-    _LAST_PIPELINE.set(built)
-    return built.plan
+    return record(held.pipeline_pass(main, startup)).plan
 
 
 def route_the_pipeline_pass(original):
@@ -127,11 +120,6 @@ def served_session(engine) -> Optional[EngineSession]:
     if session is None and engine._strategy.pipeline.enable and pipesplit_is_on():
         raise built_before_enable()
     return session
-
-
-def last_pipeline() -> Optional[PipelinePlan]:
-    """The :class:`PipelinePlan` of the last call through the hook (for ``init_scope``)."""
-    return _LAST_PIPELINE.get()
 
 
 def engine_init(original):
@@ -338,22 +326,8 @@ def complete_chunk_id(original):
         session = session_of(pipeline_strategy)
         if session is None:  # Paddle's own VPP
             return original(dist_program, startup_program, pipeline_strategy)
-        return session.complete_chunks(dist_program, startup_program, pipeline_strategy,
-                                       original)
+        return session.complete_chunks(dist_program, startup_program)
     return complete_chunk_id
-
-
-def stage_by_mesh(original):
-    """``pir_pass.get_pp_stage_by_process_mesh(mesh, pp)``: while a session's chunk completion
-    runs Paddle's (:func:`~.session.completing_meshes`), a mesh's stage is its index among the
-    stage meshes; Paddle's own rule, rank // (world / pp), holds only when pp is the outermost
-    mesh axis."""
-    def get_pp_stage_by_process_mesh(mesh, pp):
-        meshes = completing_meshes()
-        if meshes is None:
-            return original(mesh, pp)
-        return meshes.index(mesh) if mesh in meshes else None
-    return get_pp_stage_by_process_mesh
 
 
 def check_chunk_id(original):

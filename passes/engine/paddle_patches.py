@@ -58,7 +58,6 @@ PATCHES = (
     # the engine's pipeline step (pir_pass's, and the name the engine module imported)
     Patch(_PIR_PASS, "pipeline_pass", engine_hooks.route_the_pipeline_pass, _ROUTES),
     Patch(_ENGINE, "pipeline_pass", engine_hooks.route_the_pipeline_pass, _ROUTES),
-    Patch(_PIR_PASS, "get_pp_stage_by_process_mesh", engine_hooks.stage_by_mesh, _ROUTES),
     Patch(_ENGINE, "complete_chunk_id", engine_hooks.complete_chunk_id, _ROUTES),
     Patch(_ENGINE, "check_chunk_id", engine_hooks.check_chunk_id, _ROUTES),
     Patch(f"{_ENGINE}.Engine", "__init__", engine_hooks.engine_init, "engine"),

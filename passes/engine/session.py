@@ -32,11 +32,11 @@ process's pipeline and rank come from the session (the pure translations of
 from __future__ import annotations
 
 import copy
-from contextvars import ContextVar
 from typing import Optional
 
 from pipesplit.passes.engine.block_placement import (assign_placement, check_blocks_on_one_mesh,
                                                      parameters_read_elsewhere)
+from pipesplit.passes.engine.chunk_completion import complete_chunk_ids
 from pipesplit.passes.engine.door import DOOR
 from pipesplit.passes.engine.engine_rank import is_engine_program
 from pipesplit.passes.engine.knobs import micro_batch_notice, say
@@ -53,9 +53,6 @@ from pipesplit.passes.engine.surgery import name_an_output, restore_user_placeme
 from pipesplit.passes.split.core import PipelinePlan
 from pipesplit.passes.split.pipeline import split_and_schedule
 
-#: the stage meshes while Paddle's chunk completion runs (:func:`completing_meshes`)
-_COMPLETING_MESHES: ContextVar[Optional[list]] = ContextVar("pipesplit_completing_meshes",
-                                                            default=None)
 #: what the engine keeps ONE copy of for all modes (a prediction's specs have no labels, its
 #: fetched value another name)
 _SHARED_BY_MODES = ("_outside_dataloader", "_inputs_spec", "_labels_spec", "_inputs", "_labels",
@@ -78,11 +75,6 @@ def session_of_engine(engine) -> Optional["EngineSession"]:
 def engine_state(engine) -> Optional[EngineState]:
     """What pipesplit keeps for ``engine`` (its session), or None (Paddle's own engine)."""
     return session_of_engine(engine)
-
-
-def completing_meshes() -> Optional[list]:
-    """The stage meshes while a session's chunk completion runs Paddle's (else None)."""
-    return _COMPLETING_MESHES.get()
 
 
 class EngineSession(EngineState):
@@ -129,34 +121,27 @@ class EngineSession(EngineState):
                     "dist.to_static)")
 
     # ------------------------------------------------------------------- chunk completion
-    def complete_chunks(self, dist_program, startup_program, pipeline_strategy,
-                        paddle_completion):
+    def complete_chunks(self, dist_program, startup_program) -> None:
         """``engine.complete_chunk_id`` (the engine calls it while shown ``"VPP"``): this
         process's pipeline from the stage meshes, the labels and sequence-parallel checks;
         for vpp >= 2 blocks on stage meshes in model order are first given the meshes of the
         schedule's placement (:func:`assign_placement`, looped or V; meshes that already
-        follow it are kept), then Paddle's completion (``paddle_completion``) sets chunk =
-        stage // pp, told each mesh's stage by its place among the stage meshes
-        (:func:`completing_meshes`); a value handed past a stage is relayed, and the
-        parameters read on another stage's rank are kept."""
+        follow it are kept), then every op its chunk from the request's placement and
+        ``vpp_seg_method`` (:func:`~.chunk_completion.complete_chunk_ids`); a value handed
+        past a stage is relayed, and the parameters read on another stage's rank are kept."""
         self.pipe = stage_pipe(dist_program, self.request.pp)
         check_labels_are_class_ids(dist_program)
         check_sequence_parallel(dist_program, self.request.vpp, cpu_build=self.transport.needs_cpu_support)
         from paddle.distributed.auto_parallel.static.utils import get_sub_process_mesh_by_program
 
         meshes = get_sub_process_mesh_by_program(dist_program)
-        completed = None
         if self.request.vpp >= 2:
             assign_placement(dist_program, self)
             check_blocks_on_one_mesh(dist_program, self.request.seg_method, self)
-            token = _COMPLETING_MESHES.set(meshes)
-            try:
-                completed = paddle_completion(dist_program, startup_program, pipeline_strategy)
-            finally:
-                _COMPLETING_MESHES.reset(token)
+            complete_chunk_ids(dist_program, startup_program, self.request.seg_method,
+                               self.request.placement, meshes)
         relay_far_values(dist_program, meshes, self.request.placement, self.requested)
         self.shared_parameters = parameters_read_elsewhere(dist_program, meshes, self)
-        return completed
 
     # ---------------------------------------------------------------- the pipeline pass
     def pp_stage(self) -> Optional[int]:

@@ -36,15 +36,21 @@ def vpp_for_tied(name):
 
 
 def launched(tmp_path_factory, name, groups, nproc):
-    """{tag: record} of every configuration of ``groups`` ({test: [(tag, args)]}), one launch."""
+    """{tag: record} of every configuration of ``groups`` ({test: [(tag, args)]}), one launch;
+    each chunk completion checked against Paddle's own (``--compare-chunks``), the number of
+    ops compared on each rank in ``record["chunks_compared"]``."""
     from _launch import launch
 
     configs = [config for group in groups.values() for config in group]
     work = tmp_path_factory.mktemp(name)
     (work / "configs.json").write_text(json.dumps(configs))
-    done = launch(work, GRID, work / "configs.json", work, nproc=nproc)
+    done = launch(work, GRID, work / "configs.json", work, "--compare-chunks", nproc=nproc)
     assert done.returncode == 0, done.report()
-    return {tag: json.loads((work / f"{tag}.json").read_text()) for tag, _ in configs}
+    records = {tag: json.loads((work / f"{tag}.json").read_text()) for tag, _ in configs}
+    for tag, record in records.items():
+        record["chunks_compared"] = [int(f.read_text())
+                                     for f in sorted(work.glob(f"{tag}.r*.chunks"))]
+    return records
 
 
 def check(record, tag, params):
@@ -57,6 +63,11 @@ def check(record, tag, params):
     assert record["max_param_diff"] <= tol, (tag, record["max_param_diff"])
     if "tied" in tag and not record["paddle"]:
         check_once_per_step(record, tag)
+    # vpp >= 2: every rank's chunk ids are those Paddle's own completion gives the program
+    ranks = record["dp"] * record["pp"] * record["mp"]
+    compared = record.get("chunks_compared")
+    if compared is not None and record["vpp"] >= 2 and not record["paddle"]:
+        assert len(compared) == ranks and min(compared) > 0, (tag, compared)
 
 
 def check_once_per_step(record, tag):
