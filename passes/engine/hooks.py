@@ -27,7 +27,6 @@ from pipesplit.passes.last_built import record
 from pipesplit.passes.split.pipeline import split_and_schedule
 
 
-
 def _single(x, what):
     if isinstance(x, (list, tuple)):
         if len(x) != 1:
