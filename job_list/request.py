@@ -1,18 +1,23 @@
 """A pipeline request: the pass attributes (or a strategy's pipeline section) checked once into
 a :class:`PipelineConfig`, and the compute schedule it asks for.
 
-Every bad value is a ValueError / TypeError naming it.  Pure Python, like all of ``job_list``:
-the passes and the engine integration read a request, they do not derive it again."""
+:func:`request_schedule` is the passes' one way in: the attributes checked, the costs of
+stages of uneven size and a memory limit priced in 1F1B's peak filled in, the schedule built
+and every rank's config made, at once, into a :class:`RequestedSchedule` the passes then only
+read.  Every bad value is a ValueError / TypeError naming it (a schedule that cannot serve
+checked sizes: :class:`CannotServe`).  Pure Python, like all of ``job_list``: the passes and
+the engine integration read a request, they do not derive it again."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Optional, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from .bounds import MemoryLimit, checked_memory_limit
 from .costs import Costs
 from .ir import Schedule
 from .placement import Placement, check_positive_int
-from .registry import ScheduleSpec, get_spec, searching_schedules
+from .registry import ScheduleSpec, build_schedule, get_spec, searching_schedules
+from .simulate import simulate
 from .validate import validate
 
 #: Attributes Paddle's own pipeline passes take, plus pipesplit's.
@@ -137,18 +142,76 @@ class PipelineConfig:
 
     def build(self) -> Schedule:
         """The compute schedule this request asks for, built (the ``auto`` search run), not
-        yet validated: a strategy check keeps it for the plan opening."""
+        yet validated (:func:`request_schedule` keeps it for the plan opening)."""
         return self.spec.build(self.pp_degree, self.vpp_degree, self.num_micro_batches,
                                split_backward=self.split_backward, **self.generator_options())
 
-    def built(self, schedule: Schedule) -> bool:
-        """Whether ``schedule`` is what :meth:`build` gives (the same schedule, sizes, B / W
-        split and generator options, not lowered)."""
-        return (schedule.name == self.schedule
-                and (schedule.pp, schedule.vpp, schedule.m)
-                == (self.pp_degree, self.vpp_degree, self.num_micro_batches)
-                and schedule.split_backward == self.splits_backward
-                and schedule.options == self.generator_options() and not schedule.lowered)
+
+class CannotServe(ValueError):
+    """The schedule of a checked request cannot serve its sizes (its generator refused them):
+    ``cause`` is the generator's error (a :class:`~.placement.SizeError` names the size)."""
+
+    def __init__(self, schedule: str, cause: ValueError):
+        super().__init__(f"{schedule} cannot serve this request: {cause}")
+        self.schedule = schedule
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class RequestedSchedule:
+    """A request resolved at once by :func:`request_schedule`: what the passes read of it after
+    the one call (nothing here is derived again)."""
+
+    config: PipelineConfig                 # the checked request (no rank)
+    ranks: Tuple[PipelineConfig, ...]      # the request on each pipeline rank, in rank order
+    schedule: Schedule                     # the compute schedule, built (the auto search run)
+
+
+def request_schedule(schedule: Union[str, ScheduleSpec], attrs: dict, *,
+                     blocks: Optional[Sequence[int]] = None,
+                     memory_limit_times: Optional[float] = None) -> RequestedSchedule:
+    """The request ``attrs`` (pass attributes, no rank) make of ``schedule`` (a name, looked up
+    here), checked (:meth:`PipelineConfig.from_attrs`), completed and built:
+
+    * ``blocks`` (the blocks each pipeline rank keeps, where they differ): without costs in
+      ``attrs``, unit job costs scaled per virtual stage by its share of the blocks dealt to
+      it (:meth:`~.placement.Placement.deal_blocks`), so the schedule is built and simulated
+      for stages of uneven size;
+    * ``memory_limit_times``: for a schedule that searches, its memory limit per rank at that
+      many times the peak 1F1B reaches there (:func:`times_1f1b_peak`); a fixed schedule's
+      order fixes its peak, so the times are not its to take (the caller says so);
+    * the schedule built once (:class:`CannotServe` when it cannot serve the sizes), and the
+      config made on every rank."""
+    config = PipelineConfig.from_attrs(schedule, attrs)
+    if blocks is not None and config.costs is None:
+        config = config.replaced(costs=sized_costs(config.placement, blocks))
+    if memory_limit_times is not None and config.spec.searches:
+        config = config.replaced(memory_limit=times_1f1b_peak(
+            memory_limit_times, config.pp_degree, config.vpp_degree, config.num_micro_batches))
+    try:
+        built = config.build()
+    except ValueError as e:
+        raise CannotServe(config.schedule, e) from None
+    return RequestedSchedule(config, tuple(config.on_rank(rank)
+                                           for rank in range(config.pp_degree)), built)
+
+
+def sized_costs(placement: Placement, blocks: Sequence[int]) -> Costs:
+    """Unit job costs scaled per global virtual stage by its share of ``blocks`` (the blocks
+    each rank keeps), dealt to its chunks on ``placement``
+    (:meth:`~.placement.Placement.deal_blocks`)."""
+    dealt = placement.deal_blocks(blocks)
+    mean = sum(dealt) / len(dealt)
+    scale = [n / mean for n in dealt]
+    return Costs(forward=scale, backward_b=scale, backward_w=scale)
+
+
+def times_1f1b_peak(times: float, pp: int, vpp: int, m: int) -> list:
+    """A memory limit per rank of ``times`` the peak 1F1B reaches on the rank, in the
+    simulator's units of one virtual stage's activations (a rank's layers are ``vpp`` such
+    stages)."""
+    peaks = simulate(build_schedule("1F1B", pp=pp, vpp=1, m=m)).peak_memory
+    return [times * peak * vpp for peak in peaks]
 
 
 def make_schedule(config: PipelineConfig) -> Schedule:

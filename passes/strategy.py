@@ -164,7 +164,7 @@ def config_from_strategy(pipeline_strategy, pp_stage="auto", blocks=None):
     """The :class:`~pipesplit.job_list.request.PipelineConfig` of ``strategy.pipeline`` on
     ``pp_stage`` (``"auto"``: this process's pipeline rank): an engine's, its session's request
     (``blocks`` unused), else the section's (with ``blocks``, the stage meshes' block counts:
-    :func:`~.engine.strategy_config.sized_costs`)."""
+    :func:`~pipesplit.job_list.request.sized_costs`)."""
     held = held_request(pipeline_strategy, blocks)
     return held.config_on(held.pp_stage() if pp_stage == "auto" else pp_stage)
 

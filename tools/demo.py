@@ -80,17 +80,17 @@ def default_vpp(schedule: str, pp: int, m: int) -> int:
 
 
 def _preferred_vpp(schedule: str, pp: int, m: int, split_backward: bool = False):
-    """(vpp, the schedule built to learn it, or None): the plan opening takes that schedule
+    """(vpp, the request resolved to learn it, or None): the plan opening takes its schedule
     instead of building it again."""
-    from pipesplit.job_list import build_schedule, get_spec
+    from pipesplit.job_list.request import CannotServe, request_schedule
     from pipesplit.tools.cli import load_schedules
 
     load_schedules()
-    name = get_spec(schedule).name  # an unknown name: ValueError with "did you mean"
-    try:
-        return PREFERRED_VPP, build_schedule(name, pp, PREFERRED_VPP, m,
-                                             split_backward=split_backward)
-    except ValueError:  # its constraint: one chunk per rank
+    try:  # (an unknown name: ValueError with "did you mean")
+        return PREFERRED_VPP, request_schedule(schedule, dict(
+            num_micro_batches=m, pp_degree=pp, vpp_degree=PREFERRED_VPP,
+            split_backward=split_backward))
+    except CannotServe:  # its constraint: one chunk per rank
         return 1, None
 
 
@@ -100,7 +100,7 @@ def _check(args) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"{flag(name)} must be >= 1, got {getattr(args, name)}")
     if args.vpp is None:
-        args.vpp, args.built_schedule = _preferred_vpp(args.schedule, args.pp, args.m,
+        args.vpp, args.requested = _preferred_vpp(args.schedule, args.pp, args.m,
                                                        bool(args.split_backward))
     if args.vpp < 1:
         raise ValueError(f"--vpp must be >= 1, got {args.vpp}")
@@ -164,9 +164,9 @@ def run(args) -> dict:
                  split_backward=args.split_backward)
     attrs.update(_profiled_attrs(args, model))
     config = PipelineConfig.from_attrs(args.schedule, attrs)
-    built = getattr(args, "built_schedule", None)  # (when --vpp was left to the demo)
+    requested = getattr(args, "requested", None)  # (when --vpp was left to the demo)
     pipeline = split_and_schedule(model.main, model.startup, config,
-                                  built if built and config.built(built) else None)
+                                  requested if requested and requested.config == config else None)
     sim = pipeline.simulate()
     print(f"{pipeline.schedule.name}: pp={args.pp} vpp={args.vpp} m={args.m} "
           f"({args.model}, {len(model.param_names)} parameters, {args.steps} steps, "

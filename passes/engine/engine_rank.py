@@ -303,7 +303,7 @@ def _rank_programs(programs, found: List[EngineTransfer], opened, config: Pipeli
 
 
 def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Transport,
-                           pipe: Optional[Pipe] = None, built=None,
+                           pipe: Optional[Pipe] = None, requested=None,
                            shared: Sequence[SharedParameter] = (),
                            regather: bool = True) -> PipelinePlan:
     """The plan of pipeline rank ``config.pp_stage`` from the engine's per-rank program (never
@@ -311,7 +311,8 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
     :func:`~pipesplit.passes.transport.devices.transport_for`); the plan chooses its way from
     the world, ``pp`` and the optimizer's exchanges.  ``pipe``: this
     process's pipeline (which process runs each pipeline rank; default one process per stage,
-    pipeline rank = process).  ``built``: the schedule the strategy check built.  ``shared``:
+    pipeline rank = process).  ``requested``: the request the opening resolved, its schedule
+    built.  ``shared``:
     the parameters read on another stage's rank (sent once per step:
     :mod:`pipesplit.passes.engine.shared_parameters`).  ``regather``: a weight sharding stage 3
     gathers for the forward is gathered again for the backward
@@ -322,7 +323,7 @@ def build_engine_rank_plan(main_program, config: PipelineConfig, transport: Tran
     if pipe.pp != config.pp_degree:
         raise ValueError(f"strategy.pipeline.pp_degree is {config.pp_degree}, but this process's "
                          f"pipeline has {pipe.pp} stages (processes {list(pipe.processes)})")
-    return EngineRankBuilder(main_program, config, transport, pipe, built, shared,
+    return EngineRankBuilder(main_program, config, transport, pipe, requested, shared,
                              regather).build()
 
 
@@ -338,8 +339,9 @@ class EngineRankBuilder(RankPlanBuilder):
     adds_fetches = False
 
     def __init__(self, main_program, config: PipelineConfig, transport: Transport, pipe: Pipe,
-                 built=None, shared: Sequence[SharedParameter] = (), regather: bool = True):
-        super().__init__(main_program, config, built)
+                 requested=None, shared: Sequence[SharedParameter] = (),
+                 regather: bool = True):
+        super().__init__(main_program, config, requested)
         self.device_transport = transport   # the engine's, no plan's way chosen yet
         self.pipe, self.shared, self.regather = pipe, shared, regather
         # (set by prepare, read by the later steps)

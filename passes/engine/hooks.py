@@ -199,9 +199,7 @@ def _refuse_knobs_that_cannot_work(args, kwargs) -> None:
         check_fields(pipeline)
     except (TypeError, ValueError):
         return  # (the engine's opening names it)
-    opening = opening_of(strategy, needs_cpu_support())
-    if opening is not None:
-        refuse_what_cannot_work(opening)
+    refuse_what_cannot_work(opening_of(strategy, needs_cpu_support()))
 
 
 def _check_the_loader(loader, args, kwargs) -> None:

@@ -47,11 +47,12 @@ class PipesplitNotice(UserWarning):
 class Opening:
     """What a knob's handler may look at: the whole ``dist.Strategy`` (the engine's copy at the
     opening, the user's before ``DistModel``), whether this is a CPU build, and the schedule
-    the strategy names (its spec) with whether its plan is measured and re-planned."""
+    the strategy names (its spec) with whether its plan is measured and re-planned (known at
+    the opening, which resolves the request; before ``DistModel``: no spec, no re-plan)."""
 
     strategy: object
     on_cpu: bool
-    spec: object                 # the ScheduleSpec schedule_mode names
+    spec: object                 # the ScheduleSpec schedule_mode names (None: not resolved yet)
     replans: bool                # a measured training step re-plans (auto on a CPU build)
     costs_given: bool            # use_costs gave costs
     budget_given: bool           # use_memory_budget gave a budget

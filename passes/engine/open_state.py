@@ -6,11 +6,8 @@ request once (:func:`~.strategy_config.resolve_request`); every later moment rea
 session."""
 from __future__ import annotations
 
-from typing import Optional
-
 from pipesplit.passes.engine import knobs
 from pipesplit.passes.engine.state import EngineState, options_of
-from pipesplit.passes.engine.strategy_config import requested_spec
 from pipesplit.passes.engine.user_options import measured_step
 
 #: ``strategy.pipeline.pp_degree`` when the user leaves it alone (Paddle's default)
@@ -69,8 +66,8 @@ def check_and_fill_in(strategy, model, world_size: int) -> None:
 
 def open_engine_state(engine, make=EngineState) -> EngineState:
     """The engine's opening's one reading of the engine's strategy: the checks
-    (:func:`check_and_fill_in`), then the request resolved once, its memory budget checked and
-    its schedule built (:func:`~.strategy_checks.checked_request`), into an
+    (:func:`check_and_fill_in`), then the request resolved once, its schedule built and its
+    memory budget checked (:func:`~.strategy_checks.checked_request`), into an
     :class:`~.state.EngineState` made by ``make`` (the session's class:
     :meth:`~.session.EngineSession.open`), not yet attached."""
     import paddle
@@ -84,10 +81,10 @@ def open_engine_state(engine, make=EngineState) -> EngineState:
     pipeline = strategy.pipeline
     transport = transport_for("auto")
     check_and_fill_in(strategy, engine._model, dist.get_world_size())
-    request, checked = checked_request(pipeline, block_sizes(pipeline, engine._model))
+    request = checked_request(pipeline, block_sizes(pipeline, engine._model))
     notices = said_of_the_knobs(strategy, transport.needs_cpu_support, request)
     serve_shared_weights_ourselves(pipeline)
-    return make(request=request, checked=checked, options=options_of(pipeline),
+    return make(request=request, options=options_of(pipeline),
                 measure_step=measured_step(pipeline, request),
                 user_placements=placements_of(engine._model),
                 parameter_names=frozenset(p.name for p in engine._model.parameters()),
@@ -98,21 +95,17 @@ def open_engine_state(engine, make=EngineState) -> EngineState:
                 fused_passes=bool(getattr(strategy.fused_passes, "fused_passes_list", None)))
 
 
-def opening_of(strategy, on_cpu: bool, request=None) -> Optional[knobs.Opening]:
+def opening_of(strategy, on_cpu: bool, request=None) -> knobs.Opening:
     """The :class:`~.knobs.Opening` of ``strategy`` (the whole ``dist.Strategy``), with its
-    ``request`` when resolved already (else the name looked up here); None when its
-    ``schedule_mode`` names no schedule (the strategy check names that)."""
+    ``request`` once the opening resolved it.  Before that (``DistModel``'s hook, ahead of the
+    engine's opening) it has none: the schedule is looked up once, at the opening, so what
+    needs it (whether a measured step re-plans) is refused there."""
     pipeline = strategy.pipeline
-    if request is not None:
-        spec = request.spec
-    else:
-        try:
-            spec = requested_spec(pipeline)
-        except ValueError:
-            return None
     options = options_of(pipeline)
-    return knobs.Opening(strategy=strategy, on_cpu=on_cpu, spec=spec,
-                         replans=spec.searches and measured_step(pipeline, request) is not None,
+    return knobs.Opening(strategy=strategy, on_cpu=on_cpu,
+                         spec=None if request is None else request.spec,
+                         replans=request is not None and request.searches
+                         and measured_step(pipeline, request) is not None,
                          costs_given=options.costs is not None,
                          budget_given=options.memory_budget is not None)
 
@@ -126,13 +119,11 @@ def serve_shared_weights_ourselves(pipeline) -> None:
     pipeline.auto_parallel_sync_shared_params = False
 
 
-def said_of_the_knobs(strategy, on_cpu: bool, request=None) -> tuple:
+def said_of_the_knobs(strategy, on_cpu: bool, request) -> tuple:
     """The knobs' refusals (:func:`~.knobs.refuse_what_cannot_work`), then their lines said
     once (:func:`~.knobs.notices_at_the_opening`), of the strategy as the user set it;
-    ``request``: the section's, resolved already."""
+    ``request``: the section's, resolved at the opening."""
     opening = opening_of(strategy, on_cpu, request)
-    if opening is None:
-        return ()
     knobs.refuse_what_cannot_work(opening)
     notices = knobs.notices_at_the_opening(opening)
     knobs.say(notices)

@@ -18,7 +18,7 @@ from pipesplit.passes.engine.engine_rank import build_engine_rank_plan
 from pipesplit.passes.engine.strategy_config import processes
 
 
-def engine_rank_plan(main, config, state: EngineState, built=None):
+def engine_rank_plan(main, config, state: EngineState, requested=None):
     """This rank's plan from the engine's program ``main``, on the pipeline of processes the
     engine's stage meshes gave; the scope variables its step jobs read and write
     (:mod:`pipesplit.passes.engine.shared_parameters`) are made in the engine's scope
@@ -26,7 +26,8 @@ def engine_rank_plan(main, config, state: EngineState, built=None):
     import paddle
 
     plan = build_engine_rank_plan(main, config, state.transport,
-                                  processes(state.request.pp, state.pipe), built=built,
+                                  processes(state.request.pp, state.pipe),
+                                  requested=requested,
                                   shared=state.shared_parameters,
                                   regather=state.options.reshard_after_forward)
     plan.source_program = main

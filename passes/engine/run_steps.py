@@ -121,8 +121,7 @@ def loss_to_the_last_stage(run: Run) -> None:
     whatever the schedule's placement (:mod:`.loss_location`)."""
     session, engine = run.session, run.engine
     mode = run.kwargs.get("mode") or engine._mode  # (as the run left it)
-    if mode not in LOSS_MODES or session.pipe is None or session.modes.get(mode) is None \
-            or session.checked is None:
+    if mode not in LOSS_MODES or session.pipe is None or session.modes.get(mode) is None:
         return
     import paddle.distributed as dist
 
@@ -131,7 +130,7 @@ def loss_to_the_last_stage(run: Run) -> None:
     if session.loss_carrier is None:
         session.loss_carrier = session.transport.loss_carrier(
             dist.get_world_size(), session.config.num_micro_batches)
-    run.logs = hand_the_loss_on(run.logs, session.pipe, session.checked.placement,
+    run.logs = hand_the_loss_on(run.logs, session.pipe, session.request.schedule.placement,
                                 dist.get_rank(), session.return_numpy,
                                 carrier=session.loss_carrier)
 

@@ -19,7 +19,6 @@ import copy
 from dataclasses import dataclass
 from typing import Optional
 
-from pipesplit.job_list import Schedule
 from pipesplit.passes.engine.state import (HANDLE, EngineState, Request, UserOptions, handle_of,
                                            options_of)
 from pipesplit.passes.engine.strategy_config import pipeline_rank
@@ -34,8 +33,7 @@ class SectionRequest:
     """A pipeline section outside an engine, resolved once at its handle (module docstring)."""
 
     options: UserOptions
-    request: Request
-    checked: Schedule            # the schedule built when the request was checked
+    request: Request             # resolved once, its schedule built
     resolved_from: tuple         # the fields, the user's options and the blocks it came from
     built: Optional[object] = None  # the PipelinePlan its pass built last
 
@@ -61,7 +59,7 @@ class SectionRequest:
         return pipeline_rank(self.request.pp, None)
 
     def config_on(self, pp_stage: Optional[int]):
-        return self.config.on_rank(pp_stage)
+        return self.request.config_on(pp_stage)
 
     def pipeline_pass(self, main, startup):
         """The pass on a whole-model program (chunk id = global stage), with the schedule
@@ -69,7 +67,7 @@ class SectionRequest:
         from pipesplit.passes.split.pipeline import split_and_schedule
 
         self.built = split_and_schedule(main, startup, self.config_on(self.pp_stage()),
-                                        built=self.checked)
+                                        requested=self.request.resolved)
         return self.built
 
 
@@ -77,7 +75,7 @@ def held_request(pipeline_strategy, blocks: Optional[list] = None):
     """The one object every reader of ``pipeline_strategy`` asks: its engine's session, else
     its :class:`SectionRequest` (made now, or again when the fields, the user's options or
     ``blocks`` it was resolved from changed).  ``blocks``: the stage meshes' block counts of a
-    section outside an engine (:func:`~.strategy_config.sized_costs`)."""
+    section outside an engine (:func:`~pipesplit.job_list.request.sized_costs`)."""
     from pipesplit.passes.engine.strategy_checks import checked_request
 
     handle = handle_of(pipeline_strategy)
@@ -88,8 +86,8 @@ def held_request(pipeline_strategy, blocks: Optional[list] = None):
                      None if blocks is None else tuple(blocks))
     if isinstance(handle, SectionRequest) and handle.resolved_from == resolved_from:
         return handle
-    request, checked = checked_request(pipeline_strategy, blocks)
-    held = SectionRequest(options_of(pipeline_strategy), request, checked, resolved_from)
+    held = SectionRequest(options_of(pipeline_strategy), checked_request(pipeline_strategy, blocks),
+                          resolved_from)
     setattr(pipeline_strategy, HANDLE, held)
     return held
 

@@ -150,7 +150,7 @@ class EngineSession(EngineState):
 
     def config_on(self, pp_stage: Optional[int]):
         """The request's config on pipeline rank ``pp_stage``."""
-        return self.config.on_rank(pp_stage)
+        return self.request.config_on(pp_stage)
 
     def pipeline_pass(self, main, startup) -> PipelinePlan:
         """``pipeline_pass`` of this engine: its per-rank program (it carries Paddle's
@@ -162,9 +162,9 @@ class EngineSession(EngineState):
         if is_engine_program(main):
             if config.pp_stage is None:
                 raise ValueError("the engine's per-rank program needs pp_degree > 1 processes")
-            built = engine_rank_plan(main, config, self, built=self.checked)
+            built = engine_rank_plan(main, config, self, requested=self.request.resolved)
         else:
-            built = split_and_schedule(main, startup, config, built=self.checked)
+            built = split_and_schedule(main, startup, config, requested=self.request.resolved)
         self.built = built
         return built
 

@@ -11,7 +11,7 @@ knows about an engine is therefore one :class:`EngineState`, the data of the eng
 * made once, at the engine's opening (:func:`~.open_state.open_engine_state`): the strategy
   checked, the fields Paddle derives filled in, the request resolved ONCE into a
   :class:`Request` (the name, its schedule's spec, pp, vpp, placement, whether it searches,
-  the config) beside the schedule built for the check and the measured step; every later
+  the config on every rank, the schedule built) beside the measured step; every later
   reader takes them from here, never from the strategy's fields again;
 * then filled in as the engine goes: this process's pipeline (:attr:`EngineState.pipe`, from
   the stage meshes at chunk completion), the loader's meshes, one :class:`ModePlan` per mode,
@@ -33,7 +33,7 @@ from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe
 from pipesplit.job_list.placement import Placement
 from pipesplit.job_list.registry import ScheduleSpec
-from pipesplit.job_list.request import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig, RequestedSchedule
 
 #: the one attribute pipesplit sets on a Paddle object (a strategy's pipeline section)
 HANDLE = "_pipesplit"
@@ -44,12 +44,22 @@ DEFAULT_MEASURE = "default"
 @dataclass(frozen=True)
 class Request:
     """What ``strategy.pipeline`` asks of pipesplit, resolved once
-    (:func:`~.strategy_config.resolve_request`): an engine's at its opening, kept in its
-    :class:`EngineState`."""
+    (:func:`~.strategy_config.resolve_request`, in one call to job_list): an engine's at its
+    opening, kept in its :class:`EngineState`; a section's outside an engine at its handle."""
 
-    name: str                 # schedule_mode as the user wrote it ("auto-v")
-    config: PipelineConfig    # the sizes and options, checked (pp_stage None: no rank yet)
-    seg_method: str = ""      # vpp_seg_method: the class of the model's repeated blocks
+    name: str                      # schedule_mode as the user wrote it ("auto-v")
+    resolved: RequestedSchedule    # job_list's answer: the config, on each rank, the schedule
+    seg_method: str = ""           # vpp_seg_method: the class of the model's repeated blocks
+
+    @property
+    def config(self) -> PipelineConfig:
+        """The sizes and options, checked (pp_stage None: no rank)."""
+        return self.resolved.config
+
+    @property
+    def schedule(self) -> Schedule:
+        """The compute schedule, built once when the request was resolved (the plan takes it)."""
+        return self.resolved.schedule
 
     @property
     def spec(self) -> ScheduleSpec:
@@ -73,6 +83,16 @@ class Request:
     @property
     def vpp(self) -> int:
         return self.config.vpp_degree
+
+    def config_on(self, pp_stage: Optional[int]) -> PipelineConfig:
+        """The config on pipeline rank ``pp_stage`` (None: every rank, emulated in one
+        process), made when the request was resolved; another value is refused by
+        :meth:`~pipesplit.job_list.request.PipelineConfig.on_rank`, naming it."""
+        if pp_stage is None:
+            return self.config
+        if type(pp_stage) is int and 0 <= pp_stage < len(self.resolved.ranks):
+            return self.resolved.ranks[pp_stage]
+        return self.config.on_rank(pp_stage)  # (raises: pp_stage out of [0, pp))
 
 
 @dataclass(frozen=True)
@@ -108,8 +128,7 @@ class ModePlan:
 class EngineState:
     """Everything pipesplit keeps for one engine (see the module docstring)."""
 
-    request: Request              # the strategy's request, resolved once
-    checked: Schedule             # the schedule built when the strategy was checked
+    request: Request              # the strategy's request, resolved once (schedule built)
     options: UserOptions
     measure_step: Optional[int]   # the training step measured for a re-plan (None: none)
     user_placements: dict         # the user's (mesh, placements) per distributed parameter

@@ -14,9 +14,8 @@ words (strategy fields, processes, layer classes):
 * :func:`check_model` - ``vpp_seg_method`` against the model's layer classes and block count;
 * :func:`check_gradient_merge` - a user's gradient merge only as Paddle runs it (the
   pipeline's own, ``k_steps = accumulate_steps``);
-* :func:`checked_request` - the request the section makes
-  (:func:`~.strategy_config.resolve_request`), its memory budget, and the schedule it names,
-  built once for pp / vpp / micro-batches (:func:`checked_schedule`);
+* :func:`checked_request` - the request the section makes, its schedule built once for pp /
+  vpp / micro-batches (:func:`~.strategy_config.resolve_request`), and its memory budget;
 * :func:`check_strategy` - the user's check before ``to_static``: :func:`check_fields`, then
   :func:`checked_request`.
 
@@ -33,18 +32,17 @@ import difflib
 import re
 from typing import List, Optional
 
-from pipesplit.job_list.placement import SizeError
 from pipesplit.job_list.request import PipelineConfig
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.engine.state import Request
-from pipesplit.passes.engine.strategy_config import resolve_request, said_in_strategy_terms
+from pipesplit.passes.engine.strategy_config import resolve_request
 from pipesplit.passes.engine.user_options import check_memory_budget
 
 paddle = require_supported_paddle()
 
 __all__ = ["INT_FIELDS", "block_sizes", "blocks_per_stage_mesh", "check_fields",
            "check_gradient_merge", "check_model", "check_strategy", "check_world",
-           "checked_request", "checked_schedule"]
+           "checked_request"]
 
 _PREFIX = "strategy.pipeline."
 #: the int fields of ``strategy.pipeline`` pipesplit reads (each >= 1; Paddle's defaults are 1)
@@ -218,7 +216,8 @@ def block_sizes(pipeline_strategy, model) -> Optional[list]:
     """How many blocks the user placed on each stage mesh, where they differ between stages
     (Paddle's VPP test: 7 layers on pp 2), else None: the schedule is then built and
     simulated with job costs in proportion to each virtual stage's blocks
-    (:func:`~.strategy_config.sized_costs`), unless :func:`~.user_options.use_costs` gave costs."""
+    (:func:`~pipesplit.job_list.request.sized_costs`), unless :func:`~.user_options.use_costs`
+    gave costs."""
     per_rank = blocks_per_stage_mesh(pipeline_strategy, model)
     return per_rank if per_rank is not None and len(set(per_rank)) > 1 else None
 
@@ -309,25 +308,14 @@ def check_strategy(pipeline_strategy, blocks: Optional[list] = None) -> Pipeline
     it cannot take (``ValueError`` / ``TypeError`` naming the strategy field).  Returns the
     config (no rank).  (An engine's section: :func:`pipesplit.passes.strategy.check_strategy`.)"""
     check_fields(pipeline_strategy)
-    return checked_request(pipeline_strategy, blocks)[0].config
+    return checked_request(pipeline_strategy, blocks).config
 
 
-def checked_request(pipeline_strategy, blocks: Optional[list] = None):
-    """(request, schedule): the section's :class:`~.state.Request` (no rank) and the schedule
-    :func:`checked_schedule` built for it, with the memory budget checked between, as the
-    engine's opening resolves them (:func:`~.open_state.open_engine_state`, after
-    :func:`~.open_state.check_and_fill_in`)."""
+def checked_request(pipeline_strategy, blocks: Optional[list] = None) -> Request:
+    """The section's :class:`~.state.Request` (no rank; its schedule built, so a schedule that
+    cannot serve the strategy is refused naming ``schedule_mode`` and the constraint), and its
+    memory budget checked, as the engine's opening resolves them
+    (:func:`~.open_state.open_engine_state`, after :func:`~.open_state.check_and_fill_in`)."""
     request = resolve_request(pipeline_strategy, None, blocks)
     check_memory_budget(pipeline_strategy, request)
-    return request, checked_schedule(request)
-
-
-def checked_schedule(request: Request):
-    """The schedule ``request`` asks for, built to check that it serves the strategy (the
-    plan opening takes it): ``ValueError`` naming ``schedule_mode`` and the constraint."""
-    try:
-        return request.config.build()
-    except ValueError as e:
-        said = said_in_strategy_terms(e) if isinstance(e, SizeError) else str(e)
-        raise ValueError(f"strategy.pipeline.schedule_mode={request.config.schedule!r} cannot "
-                         f"serve this strategy: {said}") from None
+    return request

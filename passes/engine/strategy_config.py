@@ -19,9 +19,9 @@ from typing import Optional
 
 from pipesplit.job_list.costs import Costs
 from pipesplit.job_list.pipe import Pipe, pipe_of
-from pipesplit.job_list.placement import Placement, SizeError
+from pipesplit.job_list.placement import SizeError
 from pipesplit.job_list.registry import ScheduleSpec, get_spec
-from pipesplit.job_list.request import PipelineConfig
+from pipesplit.job_list.request import CannotServe, request_schedule
 from pipesplit.passes.engine.knobs import (check_memory_limit_times, check_program_runtimes,
                                            memory_limit_times_given, runtimes_given)
 from pipesplit.passes.engine.state import Request, options_of
@@ -52,28 +52,31 @@ def _spec_named(name: str) -> ScheduleSpec:
 def resolve_request(pipeline_strategy, pp_stage: Optional[int] = None,
                     blocks: Optional[list] = None) -> Request:
     """The :class:`~.state.Request` of Paddle's ``Strategy().pipeline`` section, read from its
-    fields: the schedule its name looks up (once), the config with the costs
-    :func:`~.user_options.use_costs` gave it, else, for ``blocks`` of uneven size per stage
-    mesh, :func:`sized_costs`.  A size or option the schedule cannot take is a ``ValueError``
-    naming the strategy field."""
+    fields and resolved by job_list in one call (:func:`~pipesplit.job_list.request.
+    request_schedule`: the name looked up once, the config checked, the schedule built, the
+    config made on every rank): the costs :func:`~.user_options.use_costs` gave, else those of
+    ``program_runtimes``, else, for ``blocks`` of uneven size per stage mesh, sized ones; the
+    memory limit of ``memory_limit_times``.  A size or option the schedule cannot take is a
+    ``ValueError`` naming the strategy field."""
     name = str(pipeline_strategy.schedule_mode)
-    spec = _spec_named(name)  # the one look-up of the name
     pp, vpp = int(pipeline_strategy.pp_degree), int(pipeline_strategy.vpp_degree)
-    m = int(pipeline_strategy.accumulate_steps)
-    sized = None if blocks is None else Placement(spec.placement, pp, vpp)
-    attrs = dict(num_micro_batches=m, pp_degree=pp, vpp_degree=vpp,
-                 split_backward=bool(pipeline_strategy.split_backward), pp_stage=pp_stage,
-                 costs=options_of(pipeline_strategy).costs
-                 or runtimes_costs(pipeline_strategy, pp * vpp) or sized_costs(sized, blocks))
-    if spec.searches and memory_limit_times_given(pipeline_strategy):
-        attrs["memory_limit"] = times_1f1b_peak(pipeline_strategy.memory_limit_times, pp, vpp, m)
+    attrs = dict(num_micro_batches=int(pipeline_strategy.accumulate_steps), pp_degree=pp,
+                 vpp_degree=vpp, split_backward=bool(pipeline_strategy.split_backward),
+                 pp_stage=pp_stage, costs=options_of(pipeline_strategy).costs
+                 or runtimes_costs(pipeline_strategy, pp * vpp))
+    times = (check_memory_limit_times(pipeline_strategy.memory_limit_times)
+             if memory_limit_times_given(pipeline_strategy) else None)
     try:
-        config = PipelineConfig.from_attrs(spec, attrs)
+        requested = request_schedule(name, attrs, blocks=blocks, memory_limit_times=times)
+    except CannotServe as e:
+        said = said_in_strategy_terms(e.cause) if isinstance(e.cause, SizeError) else str(e.cause)
+        raise ValueError(f"strategy.pipeline.schedule_mode={e.schedule!r} cannot serve this "
+                         f"strategy: {said}") from None
     except SizeError as e:
         raise ValueError(said_in_strategy_terms(e)) from None
     except ValueError as e:
         raise ValueError(f"strategy.pipeline: {e}") from None
-    return Request(name, config, str(pipeline_strategy.vpp_seg_method))
+    return Request(name, requested, str(pipeline_strategy.vpp_seg_method))
 
 
 def runtimes_costs(pipeline_strategy, stages: int) -> Optional[Costs]:
@@ -87,18 +90,6 @@ def runtimes_costs(pipeline_strategy, stages: int) -> Optional[Costs]:
         pipeline_strategy.program_runtimes)
     return Costs(forward=[forward] * (stages - 1) + [forward + loss], backward_b=backward_b,
                  backward_w=backward_w, comm=comm)
-
-
-def times_1f1b_peak(times: float, pp: int, vpp: int, m: int) -> list:
-    """``auto``'s memory limit per rank for ``memory_limit_times``: that many times the peak
-    1F1B reaches on the rank, in the simulator's units of one virtual stage's activations
-    (a rank's layers are ``vpp`` such stages)."""
-    from pipesplit.job_list import build_schedule
-    from pipesplit.job_list.simulate import simulate
-
-    times = check_memory_limit_times(times)
-    peaks = simulate(build_schedule("1F1B", pp=pp, vpp=1, m=m)).peak_memory
-    return [times * peak * vpp for peak in peaks]
 
 
 def stage_pipe(dist_program, pp: int) -> Pipe:
@@ -118,19 +109,6 @@ def stage_pipe(dist_program, pp: int) -> Pipe:
                 f"{list(m.process_ids)} {list(m.dim_names)}" for m in meshes)
             + "; set pp_degree to the number of pipeline stage meshes")
     return pipe_of([m.process_ids for m in meshes], dist.get_rank(), [m.shape for m in meshes])
-
-
-def sized_costs(placement: Optional[Placement], blocks: Optional[list]) -> Optional[Costs]:
-    """Unit job costs scaled per global virtual stage by its share of the ``blocks`` of each
-    stage mesh (:func:`~.strategy_checks.block_sizes`; dealt to its chunks on the schedule's
-    ``placement``: :meth:`~pipesplit.job_list.placement.Placement.deal_blocks`); None for even
-    stages."""
-    if blocks is None:
-        return None
-    dealt = placement.deal_blocks(blocks)
-    mean = sum(dealt) / len(dealt)
-    scale = [n / mean for n in dealt]
-    return Costs(forward=scale, backward_b=scale, backward_w=scale)
 
 
 def processes(pp: int, pipe: Optional[Pipe]) -> Pipe:

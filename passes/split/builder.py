@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Iterable, List, Optional, Tuple
 
 from pipesplit.job_list.opening import OpenedSchedule
-from pipesplit.job_list.request import PipelineConfig
+from pipesplit.job_list.request import PipelineConfig, RequestedSchedule
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.split.core import PipelinePlan, open_schedule, split_sub_programs
 from pipesplit.passes.transport.base import Transport
@@ -69,14 +69,15 @@ class PlanBuilder:
     #: what it wants itself)
     adds_fetches: ClassVar[bool] = True
 
-    def __init__(self, main_program, config: PipelineConfig, built=None):
+    def __init__(self, main_program, config: PipelineConfig,
+                 requested: Optional[RequestedSchedule] = None):
         self.main_program = main_program      # never modified: the split works on a clone
         self.config = config
-        self.built = built                    # the schedule a check built (open_schedule)
+        self.requested = requested            # resolved by a check, schedule built (or None)
 
     def build(self) -> PipelinePlan:
         """The plan: open, split, communicate, make.  The one order; no builder changes it."""
-        opened = open_schedule(self.config, self.main_program, self.built)
+        opened = open_schedule(self.config, self.main_program, self.requested)
         split, report = self._split(opened)
         jobs = self.communicate(opened, split)
         plan = make_plan(jobs.order, jobs.programs, self.config.num_micro_batches,

@@ -17,7 +17,7 @@ from pipesplit.job_list import Schedule
 from pipesplit.job_list.opening import OpenedSchedule
 from pipesplit.job_list.opening import open_schedule as open_job_list_schedule
 from pipesplit.job_list.auto import split_stages_of
-from pipesplit.job_list.request import PipelineConfig, make_schedule
+from pipesplit.job_list.request import PipelineConfig, RequestedSchedule, make_schedule
 from pipesplit.job_list.simulate import SimResult, simulate
 
 from pipesplit.passes._paddle import require_supported_paddle
@@ -64,18 +64,25 @@ class PipelinePlan:
 
 
 def open_schedule(config: PipelineConfig, main_program,
-                  built: Optional[Schedule] = None) -> OpenedSchedule:
-    """The one place every builder opens a plan's schedule: built once (the ``auto`` search
-    too; ``built``, what ``config.build()`` gave a check of the same config, is taken as it
-    is), then opened by :func:`pipesplit.job_list.opening.open_schedule` (validated, forward
-    only for a program without backward, simulated and lowered once)."""
-    if built is not None and not config.built(built):
-        raise ValueError(f"the schedule given ({built.name}, pp={built.pp}, vpp={built.vpp}, "
-                         f"m={built.m}) was not built for this config ({config.schedule}, "
-                         f"pp={config.pp_degree}, vpp={config.vpp_degree}, "
+                  requested: Optional[RequestedSchedule] = None) -> OpenedSchedule:
+    """The one place every builder opens a plan's schedule: the one ``requested`` was resolved
+    with (:func:`~pipesplit.job_list.request.request_schedule`: built once, the ``auto``
+    search too), taken as it is when ``config`` is its request or that on one of its ranks;
+    without one, built now (``config.build()``); then opened by
+    :func:`pipesplit.job_list.opening.open_schedule` (validated, forward only for a program
+    without backward, simulated and lowered once)."""
+    if requested is None:
+        schedule = config.build()
+    elif config == requested.config or config in requested.ranks:
+        schedule = requested.schedule
+    else:
+        raise ValueError(f"the request given ({requested.config.schedule}, "
+                         f"pp={requested.config.pp_degree}, vpp={requested.config.vpp_degree}, "
+                         f"m={requested.config.num_micro_batches}) is not this config's "
+                         f"({config.schedule}, pp={config.pp_degree}, vpp={config.vpp_degree}, "
                          f"m={config.num_micro_batches})")
-    return open_job_list_schedule(built if built is not None else config.build(),
-                                  config.costs, forward_only=not has_backward(main_program))
+    return open_job_list_schedule(schedule, config.costs,
+                                  forward_only=not has_backward(main_program))
 
 
 def split_chunks_of(config: PipelineConfig, num_chunks: int,

@@ -281,7 +281,7 @@ def _all_reduced_partial_sum(chain, terms, all_reduce_sum):
 
 
 def build_rank_plan(main_program, startup_program, config: PipelineConfig,
-                    device: str = "auto", progress: bool = True, built=None,
+                    device: str = "auto", progress: bool = True, requested=None,
                     overlap: bool = True):
     """The :class:`~pipesplit.passes.split.core.PipelinePlan` of rank ``config.pp_stage``
     (:class:`WholeModelRankBuilder`).
@@ -296,7 +296,7 @@ def build_rank_plan(main_program, startup_program, config: PipelineConfig,
     if config.pp_stage is None:
         raise ValueError("build_rank_plan needs pp_stage (this process's pipeline rank)")
     transport = rank_plan_transport(device, config.pp_degree, overlap)
-    return WholeModelRankBuilder(main_program, config, transport, progress, built).build()
+    return WholeModelRankBuilder(main_program, config, transport, progress, requested).build()
 
 
 class WholeModelRankBuilder(RankPlanBuilder):
@@ -305,8 +305,8 @@ class WholeModelRankBuilder(RankPlanBuilder):
     its handoffs to other ranks become transfers, its optimizer keeps its parameters."""
 
     def __init__(self, main_program, config: PipelineConfig, transport: Transport,
-                 progress: bool, built=None):
-        super().__init__(main_program, config, built)
+                 progress: bool, requested=None):
+        super().__init__(main_program, config, requested)
         self.transport = transport      # the plan's, its way chosen for pp processes
         self.progress = progress
         # (set from the split by rank_programs, read by rank_jobs)

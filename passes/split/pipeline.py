@@ -18,8 +18,7 @@ from pipesplit.job_list.opening import OpenedSchedule
 from pipesplit.passes._paddle import require_supported_paddle
 from pipesplit.passes.split.builder import PlanBuilder, RankJobs
 from pipesplit.passes.split.checks import check_pass_inputs
-from pipesplit.job_list.request import PipelineConfig
-from pipesplit.job_list.request import make_schedule
+from pipesplit.job_list.request import PipelineConfig, RequestedSchedule, make_schedule
 from pipesplit.passes.split.core import PipelinePlan, split_sub_programs
 from pipesplit.passes.split.per_rank import build_rank_plan
 
@@ -55,17 +54,18 @@ class OneProcessBuilder(PlanBuilder):
 
 
 def split_and_schedule(main_program, startup_program, config: PipelineConfig,
-                       built: Optional[Schedule] = None) -> PipelinePlan:
+                       requested: Optional[RequestedSchedule] = None) -> PipelinePlan:
     """Apply pipesplit to ``main_program`` (never modified) and return the plan with its parts.
-    ``built``: the schedule a check already built for this config (see ``open_schedule``).
+    ``requested``: the request a check already resolved, its schedule built (see
+    ``open_schedule``).
     The ops are made as static ones whatever Paddle's mode (a pass applied from a dygraph
     script: ``paddle._C_ops`` would take the program's values for eager tensors)."""
     with paddle.base.framework._dygraph_guard(None):
-        return _split_and_schedule(main_program, startup_program, config, built)
+        return _split_and_schedule(main_program, startup_program, config, requested)
 
 
-def _split_and_schedule(main_program, startup_program, config, built):
+def _split_and_schedule(main_program, startup_program, config, requested):
     check_pass_inputs(main_program, startup_program, config)
     if config.pp_stage is not None:
-        return build_rank_plan(main_program, startup_program, config, built=built)
-    return OneProcessBuilder(main_program, config, built).build()
+        return build_rank_plan(main_program, startup_program, config, requested=requested)
+    return OneProcessBuilder(main_program, config, requested).build()

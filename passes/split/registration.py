@@ -20,7 +20,7 @@ from typing import Dict, Optional
 from pipesplit.job_list import get_spec, schedule_names
 
 from pipesplit.passes._paddle import require_supported_paddle
-from pipesplit.job_list.request import PipelineConfig
+from pipesplit.job_list.request import request_schedule
 from pipesplit.passes.split.pipeline import PipelinePlan, split_and_schedule
 
 require_supported_paddle()
@@ -65,8 +65,8 @@ class PipesplitSchedulerPass(PassBase):
         return super().apply(main_programs, startup_programs, context)
 
     def _apply_single_impl(self, main_program, startup_program, context):
-        config = PipelineConfig.from_attrs(self.schedule_name, dict(self._attrs))
-        result = split_and_schedule(main_program, startup_program, config)
+        requested = request_schedule(self.schedule_name, dict(self._attrs))
+        result = split_and_schedule(main_program, startup_program, requested.config, requested)
         context.set_attr(PLAN_ATTR, result.plan)
         context.set_attr(PIPELINE_PLAN_ATTR, result)
 

@@ -56,25 +56,28 @@ def test_the_engine_check_builds_the_schedule_the_pass_takes(calls, mode, vpp):
     from pipesplit.passes.engine.strategy_checks import checked_request
 
     strategy = _pipeline_strategy(mode, vpp=vpp)
-    request, checked = checked_request(strategy)  # what the Engine.__init__ hook does
+    request = checked_request(strategy)  # what the Engine.__init__ hook does
     searched = calls["simulate"]  # (auto's search simulates its candidates)
     assert calls["build"] == 1
-    setattr(strategy, HANDLE, EngineSession(request, checked, UserOptions(), None, {},
-                                            frozenset()))
+    setattr(strategy, HANDLE, EngineSession(request, UserOptions(), None, {}, frozenset()))
     built = build_gpt(num_stages=2 * vpp, hidden=16, batch_size=8, seed=3)
     ps_strategy.pipeline_pass([built.main], [built.main], strategy)
     assert dict(calls) == {"build": 1, "lower": 1, "simulate": searched + 1}
-    assert ps_strategy.last_pipeline().schedule is checked
+    assert ps_strategy.last_pipeline().schedule is request.schedule
     assert getattr(strategy, HANDLE).built is ps_strategy.last_pipeline()
 
 
-def test_a_schedule_built_for_another_config_is_refused():
+def test_a_schedule_requested_for_another_config_is_refused():
+    from pipesplit.job_list.request import request_schedule
     from pipesplit.passes import PipelineConfig
     from pipesplit.passes.split.core import open_schedule
 
     config = PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=4, pp_degree=2))
-    other = PipelineConfig.from_attrs("1F1B", dict(num_micro_batches=6, pp_degree=2)).build()
+    other = request_schedule("1F1B", dict(num_micro_batches=6, pp_degree=2))
     built = build_gpt(num_stages=2, hidden=16, batch_size=8, seed=3)
-    with pytest.raises(ValueError, match=r"was not built for this config \(1F1B, pp=2, vpp=1, "
-                                         r"m=4\)"):
+    with pytest.raises(ValueError, match=r"^the request given \(1F1B, pp=2, vpp=1, m=6\) is not "
+                                         r"this config's \(1F1B, pp=2, vpp=1, m=4\)$"):
         open_schedule(config, built.main, other)
+    mine = request_schedule("1F1B", dict(num_micro_batches=4, pp_degree=2))
+    for rank in (None, 0, 1):  # the request, or that on one of its ranks: its schedule taken
+        assert open_schedule(config.on_rank(rank), built.main, mine).schedule is mine.schedule

@@ -38,7 +38,8 @@ def _strategy(schedule="1F1B", **fields):
 
 
 def _said(strategy, on_cpu=True):
-    opening = opening_of(strategy, on_cpu)
+    """What the engine's opening refuses and says: with the request it resolved."""
+    opening = opening_of(strategy, on_cpu, resolve_request(strategy.pipeline))
     knobs.refuse_what_cannot_work(opening)
     return knobs.notices_at_the_opening(opening)
 

@@ -81,16 +81,16 @@ def test_the_opening_of_a_pipeline_looks_up_once_and_its_passes_never(lookups, m
     pipeline = strategy.pipeline
     with paddle.base.dygraph.guard():  # (dist.to_static opens an engine in dynamic mode)
         check_and_fill_in(strategy, _model(blocks=2 * vpp), world_size=2)
-        request, checked = checked_request(pipeline)
+        request = checked_request(pipeline)
     assert lookups == [mode]
-    setattr(pipeline, HANDLE, EngineSession(request, checked, UserOptions(), None, {},
+    setattr(pipeline, HANDLE, EngineSession(request, UserOptions(), None, {},
                                             frozenset()))
     del lookups[:]
     for rank in range(2):
         assert ps_strategy.config_from_strategy(pipeline, pp_stage=rank).pp_stage == rank
     _pass_of_the_whole_model(pipeline, stages=2 * vpp)
     assert lookups == []
-    assert ps_strategy.last_pipeline().schedule is checked
+    assert ps_strategy.last_pipeline().schedule is request.schedule
 
 
 def test_a_request_on_a_rank_is_the_request_with_that_rank():
@@ -109,3 +109,63 @@ def test_a_request_on_a_rank_is_the_request_with_that_rank():
     with pytest.raises(TypeError, match=r"^pp_stage must be an int, got bool True$"):
         config.on_rank(True)
     assert repr(config).startswith("PipelineConfig(schedule='ZBV', num_micro_batches=4, ")
+
+
+def _calls_into_job_list(forms):
+    """A tracer and the calls it records: (function, caller's file) for each function of
+    ``job_list`` entered from ``passes`` with one of ``forms`` as an argument (``self``
+    included; a property is a read of what was resolved, not a call)."""
+    import inspect
+    from pathlib import Path
+
+    import pipesplit
+    root = Path(pipesplit.__file__).resolve().parent
+    # (in a checkout pipesplit/ links to the folders: compare where the files really are)
+    job_list, passes = str((root / "job_list").resolve()), str((root / "passes").resolve())
+    calls = []
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        if event != "call" or not str(Path(code.co_filename).resolve()).startswith(job_list):
+            return None
+        caller = frame.f_back
+        if caller is None or not str(Path(caller.f_code.co_filename).resolve()).startswith(passes):
+            return None
+        values = inspect.getargvalues(frame)
+        args = [values.locals[name] for name in values.args if name in values.locals]
+        args += list(values.locals.get(values.varargs, ())) if values.varargs else []
+        args += list(values.locals.get(values.keywords, {}).values()) if values.keywords else []
+        me = values.locals.get("self")
+        if me is not None and isinstance(inspect.getattr_static(type(me), code.co_name, None),
+                                         property):
+            return None
+        if any(form(value) for value in args for form in forms):
+            calls.append((code.co_name, Path(caller.f_code.co_filename).name))
+        return None
+    return tracer, calls
+
+
+@pytest.mark.parametrize("mode,vpp", [("zb-v", 2), ("auto", 1), ("1F1B", 1)])
+def test_passes_ask_job_list_about_the_request_once(mode, vpp):
+    """The walk of ``schedule_mode`` from the engine's opening to the plan (docs/design.md,
+    "Data flow"): passes' code enters job_list with the request in one of its forms (the name,
+    its spec, a config) once, ``request_schedule``; after it, what job_list answered is read
+    (a rank's config, the built schedule), never asked again."""
+    from pipesplit.job_list.registry import ScheduleSpec
+    from pipesplit.job_list.request import RequestedSchedule
+
+    forms = (lambda v: isinstance(v, (ScheduleSpec, PipelineConfig, RequestedSchedule)),
+             lambda v: isinstance(v, str) and v == mode)
+    tracer, calls = _calls_into_job_list(forms)
+    strategy = _strategy(mode, pp=1, vpp=vpp)
+    engine = types.SimpleNamespace(_strategy=strategy, _model=_model(blocks=2))
+    sys.settrace(tracer)
+    try:
+        with paddle.base.dygraph.guard():  # (dist.to_static opens an engine in dynamic mode)
+            state = open_engine_state(engine, make=EngineSession)
+        setattr(strategy.pipeline, HANDLE, state)
+        _pass_of_the_whole_model(strategy.pipeline, stages=vpp)
+    finally:
+        sys.settrace(None)
+    assert calls == [("request_schedule", "strategy_config.py")]
+    assert ps_strategy.last_pipeline().schedule is state.request.schedule

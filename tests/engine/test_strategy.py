@@ -205,8 +205,7 @@ def _attached(pipeline):
     from pipesplit.passes.engine.state import UserOptions
     from pipesplit.passes.engine.strategy_checks import checked_request
 
-    request, checked = checked_request(pipeline)
-    state = EngineSession(request, checked, UserOptions(), None, {}, frozenset())
+    state = EngineSession(checked_request(pipeline), UserOptions(), None, {}, frozenset())
     setattr(pipeline, HANDLE, state)
     return state
 
