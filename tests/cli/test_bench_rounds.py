@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipesplit.tools.bench.bench_engine_report import goals
-from pipesplit.tools.bench.bench_engine_rounds import (PASS_ROUNDS_OVER_ASKED, RESERVE_MARGIN_S,
-                                                       ROUND_MIN_STEPS, goal_engines, goal_key,
-                                                       goal_source, plan_round,
+from pipesplit.tools.bench.bench_engine_report import goal_line, goals, sampling_line
+from pipesplit.tools.bench.bench_engine_rounds import (PASS_ROUNDS_OVER_ASKED,
+                                                       PROFILED_OVER_TIMED, RESERVE_MARGIN_S,
+                                                       ROUND_MIN_STEPS, describe_round,
+                                                       goal_engines, goal_key, goal_source,
+                                                       plan_round, price_s,
                                                        record_resolutions, reserve_s)
 from pipesplit.tools.bench.verdicts import STEPS_CAP
 
@@ -95,3 +97,115 @@ def test_the_passes_keep_their_share_of_the_budget():
     rows = the_rows()
     assert reserve_s(rows, 12) == pytest.approx(
         RESERVE_MARGIN_S + 12 * (1 + PASS_ROUNDS_OVER_ASKED) * 3 * 0.020)
+
+
+def paced_rows():
+    """Engines of known pace, 8 samples each: the 1F1B pair 100 ms a step, ZBH1 60 ms, the
+    FThenB pair 200 ms; every engine also 6 profiled steps."""
+    def paced(schedule, impl, ms):
+        return row(schedule, impl, [ms] * 8, job_ms_steps=[[{}, {}]] * 6)
+
+    return [paced("1F1B", "paddle", 100.0), paced("1F1B", "pipesplit", 100.0),
+            paced("ZBH1", "pipesplit", 60.0), paced("FThenB", "paddle", 200.0),
+            paced("FThenB", "pipesplit", 200.0)]
+
+
+def open_goal(name, numerator, denominator, steps_to_resolve, m=4):
+    """An unresolved ratio goal of ``numerator`` over ``denominator`` ("schedule impl")."""
+    return {"name": name, "m": m, "numerator": numerator, "denominator": denominator,
+            "verdict": "unresolved", "ratio_ci": [0.8, 1.1], "steps": 8,
+            "steps_to_resolve": steps_to_resolve}
+
+
+PAIR_1F1B = [(4, "1F1B paddle"), (4, "1F1B pipesplit")]
+PAIR_FTHENB = [(4, "FThenB paddle"), (4, "FThenB pipesplit")]
+
+
+def test_the_budget_goes_to_the_goal_nearest_to_resolving():
+    """Issue 58's quiet run: a goal 2 steps from resolving beside one 11,000 steps away, a
+    budget of ~50 of the near pair's steps.  The round steps only the near goal's engines;
+    the far one (4400 s alone) waits."""
+    rows = paced_rows()
+    far = open_goal("fthenb", "FThenB pipesplit", "FThenB paddle", 11_000)
+    near = open_goal("1f1b", "1F1B pipesplit", "1F1B paddle", 2)
+    assert price_s(near, rows) == pytest.approx(2 * 0.2)
+    assert price_s(far, rows) == pytest.approx(11_000 * 0.4)
+    plan = plan_round(rows, [far, near], left_s=10.0)
+    assert plan == {"engines": {"timed": PAIR_1F1B}, "samples": {"timed": 2},
+                    "goals": ["m=4 1f1b"], "waiting": ["m=4 fthenb"],
+                    "price_s": {"m=4 fthenb": 4400.0, "m=4 1f1b": 0.4}}
+    assert describe_round(plan) == ("2 timed samples of 1F1B paddle (m=4), 1F1B pipesplit "
+                                    "(m=4) for m=4 1f1b; waiting: m=4 fthenb (~4400 s alone)")
+
+
+def test_an_engine_two_goals_read_is_priced_once():
+    """ZBH1 over Paddle's 1F1B (6 steps: 0.96 s alone) is the cheapest; beside it pipesplit's
+    1F1B goal pays only for its own engine (5 x 0.1 s, not 5 x 0.2 s), so both fit 1.5 s;
+    FThenB's (1.2 s alone, it would fit alone) no longer does and waits."""
+    rows = paced_rows()
+    one = open_goal("1f1b", "1F1B pipesplit", "1F1B paddle", 5)
+    zbh1 = open_goal("fastest", "ZBH1 pipesplit", "1F1B paddle", 6)
+    fthenb = open_goal("fthenb", "FThenB pipesplit", "FThenB paddle", 3)
+    assert price_s(one, rows, {("timed", (4, "1F1B paddle"))}) == pytest.approx(0.5)
+    plan = plan_round(rows, [one, zbh1, fthenb], left_s=1.5)
+    assert plan["goals"] == ["m=4 fastest", "m=4 1f1b"] and plan["waiting"] == ["m=4 fthenb"]
+    assert plan["engines"] == {"timed": PAIR_1F1B + [(4, "ZBH1 pipesplit")]}
+    assert plan["samples"] == {"timed": 5}  # the nearest chosen goal's 5; 1.3 s fits 1.5
+    # with the budget for all three, all three (the round as long as FThenB's 3 steps)
+    plan = plan_round(rows, [one, zbh1, fthenb], left_s=3.0)
+    assert plan["goals"] == ["m=4 fastest", "m=4 1f1b", "m=4 fthenb"] and not plan["waiting"]
+    assert plan["samples"] == {"timed": 3}
+
+
+def test_a_timed_step_does_not_serve_a_profiled_goal():
+    """Engines are shared per source: the split goal's profiled steps are priced at the
+    profiled pace however many timed steps the round gives the same engine."""
+    rows = paced_rows()
+    timed = open_goal("1f1b", "1F1B pipesplit", "1F1B paddle", 2)
+    split = open_goal("split_stage0", "ZBH1 pipesplit", "1F1B pipesplit", 3)
+    alone = 3 * (0.06 + 0.1) * PROFILED_OVER_TIMED
+    assert price_s(split, rows, {("timed", e) for e in PAIR_1F1B}) == pytest.approx(alone)
+    assert price_s(split, rows, {("profiled", (4, "1F1B pipesplit"))}) == \
+        pytest.approx(3 * 0.06 * PROFILED_OVER_TIMED)
+    plan = plan_round(rows, [split, timed], left_s=2.0)
+    assert plan["engines"] == {"timed": PAIR_1F1B,
+                               "profiled": [(4, "1F1B pipesplit"), (4, "ZBH1 pipesplit")]}
+    assert plan["samples"] == {"timed": 2, "profiled": 3}
+    assert plan["goals"] == ["m=4 1f1b", "m=4 split_stage0"]
+
+
+def test_when_only_goals_past_the_budget_are_left_the_cheapest_is_sampled():
+    """No goal fits 10 s: the cheapest (FThenB's, 4400 s) is sampled anyway, with a goal its
+    engines serve already (no cost), and its round is at most the samples so far; the dearer
+    one waits.  A smaller budget shortens the round, and one that fits no sample ends it."""
+    rows = paced_rows()
+    far = open_goal("fthenb", "FThenB pipesplit", "FThenB paddle", 11_000)
+    rider = open_goal("best", "FThenB pipesplit", "FThenB paddle", 50_000)
+    farther = open_goal("fastest", "ZBH1 pipesplit", "1F1B paddle", 30_000)  # 4800 s
+    plan = plan_round(rows, [farther, rider, far], left_s=10.0)
+    assert plan["goals"] == ["m=4 fthenb", "m=4 best"] and plan["waiting"] == ["m=4 fastest"]
+    assert plan["engines"] == {"timed": PAIR_FTHENB} and plan["samples"] == {"timed": 8}
+    # 8 samples of the pair cost 3.2 s: 1 s fits 8 x 1 / 3.2 = 2.5 of them, 0.3 s none
+    assert plan_round(rows, [farther, rider, far], left_s=1.0)["samples"] == {"timed": 2}
+    assert plan_round(rows, [farther, rider, far], left_s=0.3) is None
+
+
+def test_the_report_says_which_unresolved_goals_the_budget_fell_short_of():
+    """Each unresolved goal's line says how far its median is from its bound: within 3 % it
+    may stay unresolved, beyond it the budget fell short; the sampling line counts both."""
+    def left(name, ratio, bound):
+        return {"name": name, "m": 4, "text": name, "ratio": ratio, "ratio_ci": [0.7, 1.1],
+                "bound": bound, "direction": "at_most", "steps": 30, "verdict": "unresolved",
+                "steps_to_resolve": 40}
+
+    near, short = left("1f1b", 1.01, 1.03), left("fastest", 0.792, 0.88)
+    assert goal_line(near).endswith("; 1.9% from its bound (within 3%: may stay unresolved)")
+    assert goal_line(short).endswith("; 10.0% from its bound (beyond 3%: the budget fell "
+                                     "short)")
+    report = {"rows": the_rows(), "budget_s": 1140.0, "rounds": [], "goals": [near, short]}
+    assert sampling_line(report).endswith("stopped: budget of 1140 s spent with 2 goal(s) "
+                                          "unresolved (1 within 3% of their bound, 1 beyond "
+                                          "it: the budget fell short)")
+    report["goals"] = [near]
+    assert sampling_line(report).endswith("with 1 goal(s) unresolved (1 within 3% of their "
+                                          "bound)")

@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from pipesplit.tools.bench.verdicts import (STEPS_CAP, bootstrap_interval, combine,
-                                            combined_steps, describe, min_steps, paired_ratios,
-                                            ratio_figures, steps_to_resolve, verdict)
+from pipesplit.tools.bench.verdicts import (NEAR_BOUND, STEPS_CAP, bootstrap_interval,
+                                            bound_distance, combine, combined_steps, describe,
+                                            min_steps, near_bound, paired_ratios, ratio_figures,
+                                            steps_to_resolve, verdict)
 
 #: a step's relative spread, about this machine's (IQR 12-15 % of the median: sigma ~ 0.1)
 SPREAD = 0.1
@@ -140,6 +141,19 @@ def test_bad_input_is_refused_by_name(call, named):
 
 
 # --------------------------------------------------------------------------- memory model
+
+def test_a_median_within_3_percent_of_its_bound_is_near_it():
+    """|ratio / bound - 1| <= 3 %: a goal that may stay unresolved (3 % itself counts);
+    a ``between`` goal is as near as its nearer end."""
+    assert NEAR_BOUND == 0.03
+    assert bound_distance(0.792, 0.88) == pytest.approx(0.1)
+    assert not near_bound(0.792, 0.88)  # issue 58's "m=4 fastest": 10 % off, must resolve
+    assert near_bound(1.01, 1.03) and near_bound(1.03, 1.0) and near_bound(0.97, 1.0)
+    assert not near_bound(1.0301, 1.0) and not near_bound(0.9699, 1.0)
+    assert bound_distance(0.88, (0.85, 1.15)) == pytest.approx(0.88 / 0.85 - 1)
+    assert near_bound(0.86, [0.85, 1.15]) and not near_bound(1.0, [0.85, 1.15])
+    assert near_bound(0.95, 1.0, margin=0.05) and not near_bound(0.94, 1.0, margin=0.05)
+
 
 def _row(schedule, peaks, predicted=None, m=4):
     model = None if predicted is None else {

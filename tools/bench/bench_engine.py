@@ -59,10 +59,14 @@ The issues' goals (``bench_engine_report.goals``) are each a bound on the median
 ratios, with a bootstrap interval and a verdict, met / missed / unresolved
 (``tools/bench/verdicts.py``).  After the samples asked, while a goal is unresolved and the
 budget (``--budget-s``, the workers' seconds from their start) lasts, rounds give more samples
-to the engines that goal reads, timed steps, profiled steps or the pass's repeats
+(timed steps, profiled steps or the pass's repeats) to the engines of the goals nearest to
+resolving: a goal's price is the seconds its estimate of further samples takes at its engines'
+pace, and a round serves the cheapest goals whose prices together fit the rest of the budget
 (``tools/bench/bench_engine_rounds.py``); the report says whether sampling stopped with every
-goal resolved or with the budget spent, and each goal's paired samples (and when it first
-resolved).  On a miss, the simulator's figures beside the measured.
+goal resolved or with the budget spent, each goal's paired samples (and when it first
+resolved), and for each goal left unresolved whether its median lies within 3 % of its bound
+(it may stay unresolved) or the budget fell short of it.  On a miss, the simulator's figures
+beside the measured.
 """
 from __future__ import annotations
 
@@ -72,7 +76,7 @@ import os
 import statistics
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     # the script's folder would shadow modules (tools/profile.py the standard library's)
@@ -134,8 +138,9 @@ def make_parser():
                         "run with both impls")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                    help="seconds the workers may run in all: after the samples asked, rounds of "
-                        "more for the engines of each unresolved goal until every goal is "
-                        "resolved or this is spent (0: no rounds)")
+                        "more for the engines of the unresolved goals nearest to resolving (the "
+                        "cheapest first) until every goal is resolved or this is spent (0: no "
+                        "rounds)")
     p.add_argument("--profiled-steps", type=int, default=DEFAULT_PROFILED_STEPS,
                    help="steps per engine under Paddle's profiler after the timed ones (each "
                         "schedule's job times; the split goal's samples)")
@@ -289,7 +294,8 @@ def rotated(runs: Sequence[EngineRun], k: int) -> List[EngineRun]:
     return list(runs[shift:]) + list(runs[:shift])
 
 
-def _decide(args, runs, ranks, started, record, sources, reserve: float):
+def _decide(args, runs, ranks, started, record, sources,
+            reserve: Callable[[List[dict]], float]):
     """Rank 0's plan of the next round for ``sources`` (``bench_engine_rounds.plan_round``),
     on every rank; the goals' first resolutions noted in ``record``."""
     gathered = ranks.all_gather({"timing": [run.timing() for run in runs],
@@ -308,8 +314,9 @@ def _decide(args, runs, ranks, started, record, sources, reserve: float):
 
 
 def sample_rounds(args, runs, ranks, started, index: int, rounds: list, record) -> int:
-    """Rounds of timed and profiled steps for the engines of the unresolved goals, until none
-    is left or the budget is spent (less the passes' reserve); returns the next step index."""
+    """Rounds of timed and profiled steps for the engines of the unresolved goals nearest to
+    resolving (``plan_round``), until none is left or the budget is spent (less the passes'
+    reserve); returns the next step index."""
     by_label = {(run.m, f"{run.name} {run.impl}"): run for run in runs}
     while args.budget_s > 0:
         plan = _decide(args, runs, ranks, started, record, ("timed", "profiled"),

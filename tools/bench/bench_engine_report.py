@@ -8,9 +8,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.job_list.text import text_table
 from pipesplit.tools.bench.memory_model import memory_model_table, predictions
-from pipesplit.tools.bench.verdicts import (DEFAULT_CONFIDENCE, bound_text, combine,
-                                            combined_steps, describe, paired_ratios,
-                                            ratio_figures)
+from pipesplit.tools.bench.verdicts import (DEFAULT_CONFIDENCE, NEAR_BOUND, bound_distance,
+                                            bound_text, combine, combined_steps, describe,
+                                            near_bound, paired_ratios, ratio_figures)
 
 REFERENCE = ("1F1B", "paddle")
 #: the goals, each a bound on the median of paired ratios (numerator / denominator)
@@ -305,14 +305,35 @@ def mark_numerators(rows: List[dict], goal_list: List[dict]) -> None:
 
 def goal_line(goal: dict) -> str:
     """``UNRESOLVED  m=4 1f1b: <text>: 1.012 [0.981, 1.043] over 12 steps, ...``, and for a
-    verdict with an interval how many paired samples it first resolved at."""
+    verdict with an interval how many paired samples it first resolved at; for an unresolved
+    one how far its median is from its bound (:func:`unresolved_note`)."""
     figures = f": {describe(goal)}" if goal["ratio_ci"] is not None else \
         f": {goal['ratio']:.3f}, bound {bound_text(goal['bound'], goal['direction'])}" \
         if goal["ratio"] is not None else ""
     if goal["ratio_ci"] is not None and goal["verdict"] != "unresolved" \
             and goal.get("resolved_at"):
         figures += f" (first resolved at {goal['resolved_at']})"
+    if goal["ratio_ci"] is not None and goal["verdict"] == "unresolved":
+        figures += f"; {unresolved_note(goal)}"
     return f"{goal['verdict'].upper():<10}  m={goal['m']} {goal['name']}: {goal['text']}{figures}"
+
+
+def is_near(goal: dict) -> Optional[bool]:
+    """Whether a goal's median lies within NEAR_BOUND of its bound
+    (``verdicts.near_bound``): an unresolved goal that may stay so; None without an
+    interval."""
+    if goal.get("ratio_ci") is None or goal.get("ratio") is None:
+        return None
+    return near_bound(goal["ratio"], goal["bound"])
+
+
+def unresolved_note(goal: dict) -> str:
+    """``0.9% from its bound (within 3%: may stay unresolved)`` or ``8.9% from its bound
+    (beyond 3%: the budget fell short)``."""
+    off = f"{bound_distance(goal['ratio'], goal['bound']):.1%} from its bound"
+    if is_near(goal):
+        return f"{off} (within {NEAR_BOUND:.0%}: may stay unresolved)"
+    return f"{off} (beyond {NEAR_BOUND:.0%}: the budget fell short)"
 
 
 def mib_per_rank(values) -> str:
@@ -327,12 +348,14 @@ def table(head: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
 
 
 def add_goals(report: dict) -> None:
-    """The report's ``goals`` list, each numerator row's ``ratio_ci``, and the memory model's
-    predictions beside the measured peaks (``memory_model``: exact figures, no interval)."""
+    """The report's ``goals`` list (each with its ``resolved_at`` and ``near_bound``:
+    :func:`is_near`), each numerator row's ``ratio_ci``, and the memory model's predictions
+    beside the measured peaks (``memory_model``: exact figures, no interval)."""
     report["goals"] = goals(report["rows"])
     first = report.get("resolved_at", {})
     for goal in report["goals"]:
         goal["resolved_at"] = first.get(f"m={goal['m']} {goal['name']}")
+        goal["near_bound"] = is_near(goal)
     mark_numerators(report["rows"], report["goals"])
     report["memory_model"] = predictions(report["rows"])
 
@@ -369,13 +392,18 @@ def format_report(report: dict) -> str:
 
 
 def sampling_line(report: dict) -> str:
-    """How sampling ended: every goal resolved, or the budget spent (with what is left), and
-    the rounds it took."""
+    """How sampling ended: every goal resolved, or the budget spent (with what is left: how
+    many of those lie within NEAR_BOUND of their bound, how many beyond, a shortfall of the
+    budget), and the rounds it took."""
     counts = [len(r["step_ms_all"]) for r in report["rows"]]
     rounds = report.get("rounds", [])
     left = [g for g in report.get("goals", []) if g["verdict"] == "unresolved"]
+    near = sum(bool(is_near(g)) for g in left)
+    short = (f", {len(left) - near} beyond it: the budget fell short"
+             if len(left) > near else "")
     stop = ("every goal resolved" if not left else
-            f"budget of {report['budget_s']:g} s spent with {len(left)} goal(s) unresolved")
+            f"budget of {report['budget_s']:g} s spent with {len(left)} goal(s) unresolved "
+            f"({near} within {NEAR_BOUND:.0%} of their bound{short})")
     cut = "; ".join(report.get("cut", []))
     return (f"sampling: {len(rounds)} round(s) for unresolved goals, {min(counts)}-"
             f"{max(counts)} timed steps per engine, {report.get('sampling_s', 0):.0f} s in the "

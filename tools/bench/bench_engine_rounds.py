@@ -1,25 +1,37 @@
 """How ``tools/bench/bench_engine.py`` samples until its goals resolve: which samples a goal
-reads, which engines a round steps, how long a round is, and when sampling stops (issue 58).
+reads, which goals a round serves and which engines it steps, how long a round is, and when
+sampling stops (issue 58).
 
 A goal reads one of three samples: paired **timed** steps (step times), paired **profiled**
 steps (its jobs' times: the split goals) or paired repeats of the engines' **pass** (the pass
-goal).  After the samples asked, each round gives more of them only to the engines an
-unresolved goal reads -- step i of two engines still ran side by side, so a goal pairs its two
-rows' samples of the same index (``bench_engine_report.paired_times``) -- as many as the
-nearest such goal's estimate (``verdicts.steps_to_resolve``), at least
+goal).  After the samples asked, each round gives more of them only to the engines of the
+unresolved goals nearest to resolving -- step i of two engines still ran side by side, so a
+goal pairs its two rows' samples of the same index (``bench_engine_report.paired_times``).
+
+A goal's price (:func:`price_s`) is the seconds its resolution would take: its estimate
+(``verdicts.steps_to_resolve``) times the pace of the engines it reads (their medians so far),
+an engine the round already steps not counted again (stepping it serves every goal that reads
+it).  A round takes the goals cheapest first while their prices together fit the rest of the
+budget (:func:`choose_goals`), so the budget goes to the goals it can resolve: a goal it
+cannot resolve waits while a cheaper one is left, and is sampled (the cheapest first) when none
+is.  Each source's round is as long as its nearest chosen goal's estimate, at least
 :data:`ROUND_MIN_STEPS`, at most the samples so far (the estimate assumes the spread holds:
 re-check at twice the sample) and what the rest of the budget fits at the engines' own pace.
 A goal whose median sits on its bound (:data:`~pipesplit.tools.bench.verdicts.STEPS_CAP`) is
-sampled only when nothing else is left.  Sampling stops when every goal is resolved or the
-budget is spent; the report says which, and how many paired samples each verdict rests on
-(``resolved_at``: how many it had when it first resolved).
+sampled only when nothing else is left.
+
+Sampling stops when every goal is resolved or the budget is spent; the report says which, how
+many paired samples each verdict rests on (``resolved_at``: how many it had when it first
+resolved) and, for each goal left unresolved, whether its median is within
+:data:`~pipesplit.tools.bench.verdicts.NEAR_BOUND` of its bound (it may stay unresolved) or
+further (the budget fell short).
 
 Everything here is pure (rows and goals in, a plan out): rank 0 decides and tells rank 1.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 from pipesplit.tools.bench.verdicts import STEPS_CAP
 
@@ -83,6 +95,11 @@ def unresolved(goal_list: Sequence[dict], sources: Sequence[str]) -> List[dict]:
     return [g for g in open_goals if g["steps_to_resolve"] < STEPS_CAP] or open_goals
 
 
+def rows_by_engine(rows: Sequence[dict]) -> Dict[Engine, dict]:
+    """Each engine's row."""
+    return {(r["m"], f"{r['schedule']} {r['impl']}"): r for r in rows}
+
+
 def samples_of(row: dict, source: str) -> int:
     """How many samples of ``source`` the engine of ``row`` has."""
     field = {"timed": "step_ms_all", "profiled": "job_ms_steps", "pass": "pass_ms_all"}[source]
@@ -98,34 +115,78 @@ def seconds_per_sample(row: dict, source: str) -> float:
     return row["step_ms"] * scale / 1e3
 
 
+def price_s(goal: dict, rows: Sequence[dict], stepped: Collection[Tuple[str, Engine]] = ()
+            ) -> float:
+    """Seconds ``goal``'s resolution would take: its estimate (``steps_to_resolve``) times the
+    pace of the engines it reads, less those ``stepped`` already ((source, engine) pairs of the
+    round: stepping an engine serves every goal that reads it)."""
+    source, by_label = goal_source(goal), rows_by_engine(rows)
+    fresh = [e for e in goal_engines(goal, rows) if (source, e) not in stepped]
+    return goal["steps_to_resolve"] * sum(seconds_per_sample(by_label[e], source) for e in fresh)
+
+
+def choose_goals(rows: Sequence[dict], targets: Sequence[dict], left_s: float) -> List[dict]:
+    """The goals a round serves, cheapest first (:func:`price_s`, each priced beside the
+    engines already chosen; ties in ``targets``' order) while their prices together fit
+    ``left_s``: a goal the rest of the budget cannot resolve waits while a cheaper one is
+    left.  The cheapest is always taken (when none fits, nothing cheaper is left), and a goal
+    whose engines are all chosen already costs nothing."""
+    chosen: List[dict] = []
+    stepped: set = set()
+    waiting, spent = list(targets), 0.0
+    while waiting:
+        prices = [price_s(g, rows, stepped) for g in waiting]
+        cheapest = min(range(len(waiting)), key=prices.__getitem__)
+        if chosen and prices[cheapest] > 0 and spent + prices[cheapest] > left_s:
+            break
+        goal = waiting.pop(cheapest)
+        chosen.append(goal)
+        stepped |= {(goal_source(goal), e) for e in goal_engines(goal, rows)}
+        spent += prices[cheapest]
+    return chosen
+
+
+def round_samples(goals_of_source: Sequence[dict], have: int) -> int:
+    """A source's round length: its nearest chosen goal's estimate, at least ROUND_MIN_STEPS,
+    at most the ``have`` samples its engines have so far (the estimate assumes the spread
+    holds: re-check at twice the sample)."""
+    nearest = min(g["steps_to_resolve"] for g in goals_of_source)
+    return min(max(nearest, ROUND_MIN_STEPS), max(have, ROUND_MIN_STEPS))
+
+
 def plan_round(rows: Sequence[dict], goal_list: Sequence[dict], left_s: float,
                sources: Sequence[str] = ("timed", "profiled")) -> Optional[dict]:
     """The next round: ``{"engines": {source: [engine, ...]}, "samples": {source: n},
-    "goals": [goal keys]}``, or None when no goal of ``sources`` is unresolved or ``left_s``
-    (seconds) fits no sample.  Each source's round is as long as its nearest goal's estimate,
-    at least ROUND_MIN_STEPS, at most the samples its engines have so far; when the budget
-    fits fewer, every source is shortened alike."""
+    "goals": [goal keys served], "waiting": [unresolved goal keys not served],
+    "price_s": {goal key: seconds alone}}``, or None when no goal of ``sources`` is unresolved
+    or ``left_s`` (seconds) fits no sample.  The goals served are :func:`choose_goals`'; each
+    source's round is :func:`round_samples` long over its chosen goals; when the budget fits
+    fewer, every source is shortened alike."""
     targets = unresolved(goal_list, sources)
     if not targets or left_s <= 0:
         return None
-    by_label = {(r["m"], f"{r['schedule']} {r['impl']}"): r for r in rows}
+    by_label = rows_by_engine(rows)
+    chosen = choose_goals(rows, targets, left_s)
     engines, samples, cost = {}, {}, 0.0
     for source in sources:
-        wanted = [g for g in targets if goal_source(g) == source]
-        if not wanted:
+        served = [g for g in chosen if goal_source(g) == source]
+        if not served:
             continue
-        chosen = sorted({e for g in wanted for e in goal_engines(g, rows)})
-        have = max(samples_of(by_label[e], source) for e in chosen)
-        nearest = min(g["steps_to_resolve"] for g in wanted)
-        engines[source] = chosen
-        samples[source] = min(max(nearest, ROUND_MIN_STEPS), max(have, ROUND_MIN_STEPS))
-        cost += samples[source] * sum(seconds_per_sample(by_label[e], source) for e in chosen)
+        engines[source] = sorted({e for g in served for e in goal_engines(g, rows)})
+        samples[source] = round_samples(served, max(samples_of(by_label[e], source)
+                                                     for e in engines[source]))
+        cost += samples[source] * sum(seconds_per_sample(by_label[e], source)
+                                      for e in engines[source])
     if cost > left_s:
         scale = left_s / cost
         samples = {s: math.floor(n * scale) for s, n in samples.items()}
         if not any(samples.values()):
             return None
-    return {"engines": engines, "samples": samples, "goals": [goal_key(g) for g in targets]}
+    keys = [goal_key(g) for g in chosen]
+    return {"engines": engines, "samples": samples, "goals": keys,
+            "waiting": [goal_key(g) for g in goal_list if g["verdict"] == "unresolved"
+                        and goal_source(g) in sources and goal_key(g) not in keys],
+            "price_s": {goal_key(g): round(price_s(g, rows), 1) for g in targets}}
 
 
 def reserve_s(rows: Sequence[dict], pass_repeats: int) -> float:
@@ -137,10 +198,15 @@ def reserve_s(rows: Sequence[dict], pass_repeats: int) -> float:
 
 
 def describe_round(plan: dict) -> str:
-    """``2 timed steps of 1F1B pipesplit, 1F1B paddle (m=4); ...`` for the workers' log."""
+    """``2 timed samples of 1F1B paddle (m=4), 1F1B pipesplit (m=4) for m=4 1f1b; waiting:
+    m=8 1f1b (~3312 s alone)`` for the workers' log."""
     parts = []
     for source, chosen in plan["engines"].items():
         if plan["samples"].get(source):
             names = ", ".join(f"{label} (m={m})" for m, label in chosen)
             parts.append(f"{plan['samples'][source]} {source} samples of {names}")
-    return "; ".join(parts) + " for " + ", ".join(plan["goals"])
+    text = "; ".join(parts) + " for " + ", ".join(plan["goals"])
+    prices = plan.get("price_s", {})
+    waiting = [key + (f" (~{prices[key]:.0f} s alone)" if key in prices else "")
+               for key in plan.get("waiting", ())]
+    return text + ("; waiting: " + ", ".join(waiting) if waiting else "")
