@@ -134,3 +134,18 @@ def test_the_session_completes_chunks_without_paddles_completion():
              and _called_name(call) in ("complete_chunk_id", "get_pp_stage_by_process_mesh",
                                         "paddle_completion")]
     assert not found, "Paddle's chunk completion called:\n" + "\n".join(found)
+
+
+#: the longest function the engine integration keeps (issue 57: a step list, not nested
+#: callbacks; the rest of pipesplit: tests/test_architecture.py's MAX_FUNCTION_LINES)
+MAX_ENGINE_FUNCTION_LINES = 60
+
+
+def test_no_engine_function_is_longer_than_60_lines():
+    long = [f"engine/{rel[len('engine/'):]}:{node.lineno} {node.name} "
+            f"({node.end_lineno - node.lineno + 1} lines)"
+            for rel, _ in _python_files() if rel.startswith("engine/")
+            for node in ast.walk(_tree(rel))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_ENGINE_FUNCTION_LINES]
+    assert not long, f"engine functions over {MAX_ENGINE_FUNCTION_LINES} lines:\n" + "\n".join(long)
