@@ -9,7 +9,7 @@ from pipesplit.tools.bench.bench_engine_rounds import (PASS_ROUNDS_OVER_ASKED,
                                                        PROFILED_OVER_TIMED, RESERVE_MARGIN_S,
                                                        ROUND_MIN_STEPS, describe_round,
                                                        goal_engines, goal_key, goal_source,
-                                                       plan_round, price_s,
+                                                       must_resolve, plan_round, price_s,
                                                        record_resolutions, reserve_s)
 from pipesplit.tools.bench.verdicts import STEPS_CAP
 
@@ -110,11 +110,12 @@ def paced_rows():
             paced("FThenB", "pipesplit", 200.0)]
 
 
-def open_goal(name, numerator, denominator, steps_to_resolve, m=4):
-    """An unresolved ratio goal of ``numerator`` over ``denominator`` ("schedule impl")."""
+def open_goal(name, numerator, denominator, steps_to_resolve, m=4, **median):
+    """An unresolved ratio goal of ``numerator`` over ``denominator`` ("schedule impl");
+    ``median``: its ``ratio`` and ``bound`` (without: no median yet)."""
     return {"name": name, "m": m, "numerator": numerator, "denominator": denominator,
             "verdict": "unresolved", "ratio_ci": [0.8, 1.1], "steps": 8,
-            "steps_to_resolve": steps_to_resolve}
+            "steps_to_resolve": steps_to_resolve, **median}
 
 
 PAIR_1F1B = [(4, "1F1B paddle"), (4, "1F1B pipesplit")]
@@ -209,3 +210,25 @@ def test_the_report_says_which_unresolved_goals_the_budget_fell_short_of():
     report["goals"] = [near]
     assert sampling_line(report).endswith("with 1 goal(s) unresolved (1 within 3% of their "
                                           "bound)")
+
+
+def test_the_goals_the_run_owes_a_verdict_come_first():
+    """Issue 58's check: a goal whose median is more than 3 % from its bound must resolve, one
+    nearer may stay unresolved.  A cheap goal 1 % from its bound waits behind a dear one 5 %
+    away (even past the budget: the cheapest owed goal is always sampled); a near goal whose
+    engines the round steps anyway rides along; with no owed goal left, the near ones are
+    sampled, cheapest first."""
+    rows = paced_rows()
+    near = open_goal("1f1b", "1F1B pipesplit", "1F1B paddle", 2, ratio=1.04, bound=1.03)
+    owed = open_goal("fthenb", "FThenB pipesplit", "FThenB paddle", 500, ratio=0.95,
+                     bound=1.0)
+    rider = open_goal("best", "FThenB pipesplit", "FThenB paddle", 9_000, ratio=1.01,
+                      bound=1.0)
+    assert [must_resolve(g) for g in (near, owed, rider)] == [False, True, False]
+    assert must_resolve(open_goal("auto", "auto pipesplit", "1F1B paddle", 5))  # no median
+    plan = plan_round(rows, [near, owed, rider], left_s=10.0)
+    assert plan["goals"] == ["m=4 fthenb", "m=4 best"] and plan["waiting"] == ["m=4 1f1b"]
+    assert plan["engines"] == {"timed": PAIR_FTHENB} and plan["samples"] == {"timed": 8}
+    plan = plan_round(rows, [near, rider], left_s=10.0)
+    assert plan["goals"] == ["m=4 1f1b"] and plan["waiting"] == ["m=4 best"]
+    assert plan["engines"] == {"timed": PAIR_1F1B} and plan["samples"] == {"timed": 2}

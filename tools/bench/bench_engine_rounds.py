@@ -14,7 +14,10 @@ an engine the round already steps not counted again (stepping it serves every go
 it).  A round takes the goals cheapest first while their prices together fit the rest of the
 budget (:func:`choose_goals`), so the budget goes to the goals it can resolve: a goal it
 cannot resolve waits while a cheaper one is left, and is sampled (the cheapest first) when none
-is.  Each source's round is as long as its nearest chosen goal's estimate, at least
+is.  The goals the run owes a verdict (a median more than
+:data:`~pipesplit.tools.bench.verdicts.NEAR_BOUND` from its bound: :func:`must_resolve`) come
+first; a goal nearer its bound may stay unresolved, and is sampled when none of those is left
+(or for free, its engines stepped already).  Each source's round is as long as its nearest chosen goal's estimate, at least
 :data:`ROUND_MIN_STEPS`, at most the samples so far (the estimate assumes the spread holds:
 re-check at twice the sample) and what the rest of the budget fits at the engines' own pace.
 A goal whose median sits on its bound (:data:`~pipesplit.tools.bench.verdicts.STEPS_CAP`) is
@@ -33,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
-from pipesplit.tools.bench.verdicts import STEPS_CAP
+from pipesplit.tools.bench.verdicts import STEPS_CAP, near_bound
 
 #: the shortest round (one sample moves a median too little to re-check)
 ROUND_MIN_STEPS = 2
@@ -125,23 +128,43 @@ def price_s(goal: dict, rows: Sequence[dict], stepped: Collection[Tuple[str, Eng
     return goal["steps_to_resolve"] * sum(seconds_per_sample(by_label[e], source) for e in fresh)
 
 
+def must_resolve(goal: dict) -> bool:
+    """Whether the run owes ``goal`` a verdict: its median lies more than
+    :data:`~pipesplit.tools.bench.verdicts.NEAR_BOUND` from its bound (one nearer may stay
+    unresolved: ``verdicts.near_bound``), or it has no median yet."""
+    return goal.get("ratio") is None or not near_bound(goal["ratio"], goal["bound"])
+
+
 def choose_goals(rows: Sequence[dict], targets: Sequence[dict], left_s: float) -> List[dict]:
-    """The goals a round serves, cheapest first (:func:`price_s`, each priced beside the
-    engines already chosen; ties in ``targets``' order) while their prices together fit
+    """The goals a round serves: those the run owes a verdict (:func:`must_resolve`) while any
+    is left, else the others; among them cheapest first (:func:`price_s`, each priced beside
+    the engines already chosen; ties in ``targets``' order) while their prices together fit
     ``left_s``: a goal the rest of the budget cannot resolve waits while a cheaper one is
-    left.  The cheapest is always taken (when none fits, nothing cheaper is left), and a goal
-    whose engines are all chosen already costs nothing."""
+    left.  The cheapest is always taken (when none fits, nothing cheaper is left); any other
+    goal whose engines are all chosen already costs nothing and rides along."""
+    owed = [g for g in targets if must_resolve(g)]
+    chosen = _cheapest_first(rows, owed or list(targets), left_s)
+    stepped = _stepped(rows, chosen)
+    riders = [g for g in targets if g not in chosen and price_s(g, rows, stepped) == 0]
+    return chosen + riders
+
+
+def _stepped(rows: Sequence[dict], goal_list: Sequence[dict]) -> set:
+    """The (source, engine) pairs a round serving ``goal_list`` steps."""
+    return {(goal_source(g), e) for g in goal_list for e in goal_engines(g, rows)}
+
+
+def _cheapest_first(rows: Sequence[dict], candidates: Sequence[dict], left_s: float
+                    ) -> List[dict]:
     chosen: List[dict] = []
-    stepped: set = set()
-    waiting, spent = list(targets), 0.0
+    waiting, spent = list(candidates), 0.0
     while waiting:
+        stepped = _stepped(rows, chosen)
         prices = [price_s(g, rows, stepped) for g in waiting]
         cheapest = min(range(len(waiting)), key=prices.__getitem__)
         if chosen and prices[cheapest] > 0 and spent + prices[cheapest] > left_s:
             break
-        goal = waiting.pop(cheapest)
-        chosen.append(goal)
-        stepped |= {(goal_source(goal), e) for e in goal_engines(goal, rows)}
+        chosen.append(waiting.pop(cheapest))
         spent += prices[cheapest]
     return chosen
 
