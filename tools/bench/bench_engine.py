@@ -29,8 +29,10 @@ both impls alike): the memory steps' bytes are then the program's own.  Measured
   exact to the byte: *resident* (allocated bytes the engine added from before its model was
   built to after its first step, GC settled, Python's collector off meanwhile: parameters,
   optimizer states, gradient buffers) + *transient* (the allocator's peak during a step minus
-  the bytes at its start, smallest of :data:`MEMORY_STEPS` memory steps after the warm-up, each
-  run behind the executor's GC thread on the rank's own CPU: ``run_behind_gc``);
+  the bytes at its start, smallest of the memory steps after the warm-up, each run behind the
+  executor's GC thread on the rank's own CPU, ``run_behind_gc``: :data:`MEMORY_STEPS`, and
+  more up to :data:`MEMORY_STEPS_CAP` while an engine's smallest has not come twice on a rank;
+  a row's ``exact_peak`` says it has);
 * **pass ms**: time inside the pipeline pass while the engine is prepared (``to_static``,
   ``train()``, first step), by a wrapper installed only then, only in this process, around the
   engine module's ``pipeline_pass`` and ``pir_pass``'s (Paddle's own, or pipesplit's
@@ -112,8 +114,11 @@ LAUNCH_TIMEOUT_S = 1200
 #: --budget-s's default: the workers' seconds from their start (engines built, samples asked,
 #: rounds), 19 minutes: a default run ends within 20 on 2 cores, the launch and report included
 DEFAULT_BUDGET_S = 1140.0
-#: memory steps per engine (behind the GC thread: exact bytes; the smallest counts)
+#: memory steps per engine (behind the GC thread: exact bytes; the smallest counts) ...
 MEMORY_STEPS = 2
+#: ... and more, up to this many, while an engine's smallest has not come twice on a rank (a
+#: free that lagged behind a step raised its peak; the program's own peak is the smallest)
+MEMORY_STEPS_CAP = 5
 #: --profiled-steps' default: steps per engine under Paddle's profiler after the timed ones
 #: (the split goal's paired samples; 6 is the fewest a verdict is given on)
 DEFAULT_PROFILED_STEPS = 6
@@ -243,7 +248,7 @@ def step_all(runs: Sequence[EngineRun], steps: range, **kind) -> None:
 
 
 def time_engines(args, kits, ranks):
-    """Build every engine; the warm-up; :data:`MEMORY_STEPS` memory steps each (exact peak
+    """Build every engine; the warm-up; the memory steps (:func:`memory_steps`: exact peak
     bytes, before the rounds: the "best" goal compares them); the timed and profiled steps
     asked; rounds of more samples for the engines of the unresolved goals
     (:func:`sample_rounds`); the passes' repeats and their rounds last (a pass again changes
@@ -252,9 +257,7 @@ def time_engines(args, kits, ranks):
     runs = build_engines(args, kits, ranks)
     rounds, record = [], {"resolved_at": {}}
     step_all(runs, range(1, args.warmup), timed=False)
-    step_all(runs, range(args.warmup, args.warmup + MEMORY_STEPS), timed=False,
-             memory_cpu=own_cpu(ranks.rank))
-    index = args.warmup + MEMORY_STEPS
+    index = memory_steps(runs, ranks, args.warmup, record)
     for count, kind in ((args.steps, {"timed": True}),
                         (args.profiled_steps, {"timed": False, "profiled": True})):
         index = asked_steps(args, runs, ranks, started, index, count, record, **kind)
@@ -265,6 +268,20 @@ def time_engines(args, kits, ranks):
     pass_rounds(args, runs, ranks, started, rounds, record)
     record["sampling_s"] = round(time.monotonic() - started, 1)
     return runs, rounds, record
+
+
+def memory_steps(runs: Sequence[EngineRun], ranks, index: int, record: dict) -> int:
+    """:data:`MEMORY_STEPS` memory steps of every engine, then more while any engine's
+    smallest has not come twice on any rank (``EngineRun.memory_settled``),
+    :data:`MEMORY_STEPS_CAP` in all (every engine steps: their training stays in step); their
+    count in ``record["memory_steps"]``; the next step index."""
+    taken = 0
+    while taken < MEMORY_STEPS or (taken < MEMORY_STEPS_CAP and not all(
+            ranks.all_gather(all(run.memory_settled() for run in runs)))):
+        step_all(runs, range(index, index + 1), timed=False, memory_cpu=own_cpu(ranks.rank))
+        index, taken = index + 1, taken + 1
+    record["memory_steps"] = taken
+    return index
 
 
 def asked_steps(args, runs, ranks, started, index: int, count: int, record, **kind) -> int:
@@ -373,7 +390,7 @@ def worker(args) -> int:
         with open(args.result, "w") as f:
             json.dump({"model": kits[args.ms[0]].describe(), "pp": PP, "m": args.ms,
                        "steps": args.steps, "warmup": args.warmup,
-                       "memory_steps": MEMORY_STEPS, "budget_s": args.budget_s,
+                       "budget_s": args.budget_s,
                        "rounds": rounds, **record, "rows": rows}, f, indent=1)
     ranks.leave()
     sys.stdout.flush()
@@ -401,6 +418,8 @@ def timing_row(run: EngineRun, gathered: Sequence[dict]) -> dict:
             "job_ms_steps": jobs, "job_ms": jobs[-1] if jobs else None,
             # the table's: the last profiled step (the first records allocations too)
             "profiled_step_ms": max(g["profiled_ms"][-1] for g in gathered) if jobs else None,
+            # every profiled step's slowest rank (the bubble goal's floor reads them)
+            "profiled_ms_all": [max(ms) for ms in zip(*(g["profiled_ms"] for g in gathered))],
             "pass_ms": max(g["pass_ms"] for g in gathered),
             # each repeat's slowest rank (the engine waits for both)
             "pass_ms_all": [max(ms) for ms in zip(*(g["pass_ms_repeats"] for g in gathered))]}

@@ -210,12 +210,58 @@ def fastest(rows: List[dict]) -> dict:
 
 def bubble_goal(m: int, ours: dict, paddle_1f1b: dict) -> dict:
     """pipesplit's fastest row <= GOAL_BUBBLE_MARGIN x m / (m + pp - 1) x Paddle's 1F1B: the
-    step of a pipeline without a bubble, within the margin."""
+    step of a pipeline without a bubble, within the margin.  With profiled steps of both rows
+    the goal also carries the fastest row's ``floor`` (:func:`floor_figures`): whether any
+    order of its jobs could meet the bound on this machine."""
     pp = paddle_1f1b.get("pp", 2)
     limit = m / (m + pp - 1)
-    return ratio_goal("bubble", "pipesplit's fastest ({num}) <= {bound} x Paddle 1F1B "
+    bound = round(GOAL_BUBBLE_MARGIN * limit, 4)
+    goal = ratio_goal("bubble", "pipesplit's fastest ({num}) <= {bound} x Paddle 1F1B "
                       f"({GOAL_BUBBLE_MARGIN:g} x the zero-bubble limit m / (m + pp - 1) = "
-                      f"{limit:.4f})", ours, paddle_1f1b, round(GOAL_BUBBLE_MARGIN * limit, 4))
+                      f"{limit:.4f})", ours, paddle_1f1b, bound)
+    floor = floor_figures(ours, paddle_1f1b, bound)
+    if floor is not None:
+        goal["floor"] = floor
+        goal["text"] += (f"; its own jobs, in any order with free transfers: at least "
+                         f"{describe(dict(floor, steps_to_resolve=None))} (profiled steps) x "
+                         f"Paddle 1F1B: {FLOOR_MEANING[floor['verdict']]}")
+    return goal
+
+
+#: the job kinds in which a rank computes (its transfers, and the waits inside them, left
+#: out): what a profiled step's floor sums
+COMPUTE_KINDS = ("forward", "backward", "backward_b", "backward_w", "optimizer")
+#: what the floor's verdict against the bubble bound says of the goal
+FLOOR_MEANING = {"met": "within reach, the rest is transfers and waits",
+                 "missed": "out of reach on this machine, whatever the order",
+                 "unresolved": "the bound lies within the floor's interval"}
+
+
+def step_floor(step: Sequence[dict]) -> float:
+    """The least time (ms) any order of one profiled step's jobs could take, every transfer
+    free and no rank waiting but for its first input: rank r computes its jobs' sum
+    (:data:`COMPUTE_KINDS`) after ranks 0 .. r - 1 each ran one forward of its first chunk
+    (the first micro-batch reaches it no sooner; that job's median stands for the first).
+    ``step``: the ranks' :func:`job_summary`, in pipeline order."""
+    floor = start = 0.0
+    for summary in step:
+        compute = sum(summary["total"].get(kind, 0.0) for kind in COMPUTE_KINDS)
+        floor = max(floor, start + compute)
+        first = summary["median"]
+        start += first.get("forward0", first.get("forward", 0.0))
+    return floor
+
+
+def floor_figures(row: dict, base: dict, bound: float) -> Optional[dict]:
+    """``row``'s :func:`step_floor` over ``base``'s step, profiled step i beside profiled step
+    i (the same rotation), judged against ``bound`` (``verdicts.ratio_figures``); None with
+    fewer than two profiled steps of both."""
+    spans = base.get("profiled_ms_all") or []
+    floors = [step_floor(step) for step in row.get("job_ms_steps") or []]
+    n = min(len(floors), len(spans))
+    if n < 2:  # (no interval from fewer)
+        return None
+    return ratio_figures(paired_ratios(floors[:n], spans[:n]), bound)
 
 
 def paired_times(num: dict, den: dict) -> Tuple[List[float], List[float]]:
@@ -275,6 +321,10 @@ def pass_goal(passes: Sequence[Tuple[str, dict, dict]]) -> dict:
             "steps_to_resolve": combined_steps([figures for _, figures, _, _ in parts])}
 
 
+#: the peaks goal's words for bytes whose smallest the memory steps did not measure twice
+_UNSETTLED = "bytes of memory steps whose smallest did not repeat"
+
+
 def peaks_goal(passes: Sequence[Tuple[str, dict, dict]]) -> dict:
     """Issue 58: pipesplit's peak <= Paddle's own pass's on every rank, for every schedule
     both serve ((name, pipesplit's row, Paddle's row)): exact bytes, no interval; the text
@@ -287,7 +337,7 @@ def peaks_goal(passes: Sequence[Tuple[str, dict, dict]]) -> dict:
                         for name, ours, theirs in passes)
     name, ours, theirs = passes[0]
     return {"name": "peaks", "text": "pipesplit's peak <= Paddle's own pass's on every rank, "
-            f"same schedule ({'exact bytes' if exact else 'bytes of the timed steps'} per rank, "
+            f"same schedule ({'exact bytes' if exact else _UNSETTLED} per rank, "
             f"pipesplit vs Paddle: {figures})"
             + (f": above on {', '.join(over)}" if over else ""),
             "numerator": label(ours), "denominator": label(theirs), "ratio": None,
