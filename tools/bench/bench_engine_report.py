@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from pipesplit.job_list.ir import COMPUTE_KINDS, FORWARD, OPTIMIZER
 from pipesplit.job_list.text import text_table
 from pipesplit.tools.bench.memory_model import memory_model_table, predictions
 from pipesplit.tools.bench.verdicts import (DEFAULT_CONFIDENCE, NEAR_BOUND, bound_distance,
@@ -228,9 +229,9 @@ def bubble_goal(m: int, ours: dict, paddle_1f1b: dict) -> dict:
     return goal
 
 
-#: the job kinds in which a rank computes (its transfers, and the waits inside them, left
-#: out): what a profiled step's floor sums
-COMPUTE_KINDS = ("forward", "backward", "backward_b", "backward_w", "optimizer")
+#: the job kinds in which a rank computes (the IR's compute kinds and the optimizer; its
+#: transfers, and the waits inside them, left out): what a profiled step's floor sums
+FLOOR_KINDS = COMPUTE_KINDS + (OPTIMIZER,)
 #: what the floor's verdict against the bubble bound says of the goal
 FLOOR_MEANING = {"met": "within reach, the rest is transfers and waits",
                  "missed": "out of reach on this machine, whatever the order",
@@ -240,15 +241,15 @@ FLOOR_MEANING = {"met": "within reach, the rest is transfers and waits",
 def step_floor(step: Sequence[dict]) -> float:
     """The least time (ms) any order of one profiled step's jobs could take, every transfer
     free and no rank waiting but for its first input: rank r computes its jobs' sum
-    (:data:`COMPUTE_KINDS`) after ranks 0 .. r - 1 each ran one forward of its first chunk
+    (:data:`FLOOR_KINDS`) after ranks 0 .. r - 1 each ran one forward of its first chunk
     (the first micro-batch reaches it no sooner; that job's median stands for the first).
     ``step``: the ranks' :func:`job_summary`, in pipeline order."""
     floor = start = 0.0
     for summary in step:
-        compute = sum(summary["total"].get(kind, 0.0) for kind in COMPUTE_KINDS)
+        compute = sum(summary["total"].get(kind, 0.0) for kind in FLOOR_KINDS)
         floor = max(floor, start + compute)
         first = summary["median"]
-        start += first.get("forward0", first.get("forward", 0.0))
+        start += first.get(f"{FORWARD}0", first.get(FORWARD, 0.0))
     return floor
 
 
