@@ -220,7 +220,8 @@ def test_a_budget_above_zbh2_admits_its_memory(launched):
     """Above ZBH2's peak the search may keep as many forwards as ZBH2 does (3 on rank 0), and
     the peak still stays within the budget."""
     runs = [r["budgets"]["high"] for r in launched]
-    assert fits(_schedule_units("ZBH2"), runs[0]["memory"]["memory_limit"])
+    memory = runs[0]["memory"]
+    assert fits(_schedule_units("ZBH2"), memory["memory_limit"]), memory["model"]
     for run in runs:
         assert run["peak"] <= run["budget"], (run["peak"], run["budget"])
 
