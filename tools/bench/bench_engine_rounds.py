@@ -18,9 +18,9 @@ is.  The goals the run owes a verdict (a median more than
 :data:`~pipesplit.tools.bench.verdicts.NEAR_BOUND` from its bound: :func:`must_resolve`) come
 first; a goal nearer its bound may stay unresolved, and is sampled when none of those is left
 (or for free, its engines stepped already).  Each source's round is as long as its nearest
-chosen goal's estimate, at least
-:data:`ROUND_MIN_STEPS`, at most the samples so far (the estimate assumes the spread holds:
-re-check at twice the sample) and what the rest of the budget fits at the engines' own pace.
+chosen goal's estimate, at least :data:`ROUND_MIN_STEPS`, at most the samples so far (the
+estimate assumes the spread holds: re-check at twice the sample) and what the rest of the
+budget fits at the engines' own pace.
 A goal whose median sits on its bound (:data:`~pipesplit.tools.bench.verdicts.STEPS_CAP`) is
 sampled only when nothing else is left.
 
